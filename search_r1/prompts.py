@@ -1,0 +1,97 @@
+"""Text contracts shared with Search-R1: the question prompt, passage rendering, observations.
+
+These strings are interface constants, not style choices: checkpoints and data made with Search-R1
+were trained on them byte for byte (including the "as your want" typo), so changing a character
+changes what a trained model sees.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+# Search-R1 scripts/data_process/nq_search.py, make_prefix(template_type="base").
+SEARCH_R1_TEMPLATE = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search> and it will return the top searched results between <information> and </information>. "
+    "You can search as many times as your want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> "
+    "and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+
+# A variant for instruct models that keeps the tags but fixes the grammar; opt-in via --template.
+INSTRUCT_TEMPLATE = (
+    "Answer the given question. "
+    "You must conduct reasoning inside <think> and </think> first every time you get new information. "
+    "After reasoning, if you find you lack some knowledge, you can call a search engine by <search> query "
+    "</search>, and it will return the top searched results between <information> and </information>. "
+    "You can search as many times as you want. "
+    "If you find no further external knowledge needed, you can directly provide the answer inside <answer> "
+    "and </answer>, without detailed illustrations. For example, <answer> Beijing </answer>. "
+    "Question: {question}\n"
+)
+
+TEMPLATES = {"base": SEARCH_R1_TEMPLATE, "instruct": INSTRUCT_TEMPLATE}
+
+# Search-R1 search_r1/llm_agent/generation.py, the observation for an unparsable action.
+INVALID_ACTION_MESSAGE = (
+    "\nMy previous action is invalid. "
+    "If I want to search, I should put the query between <search> and </search>. "
+    "If I want to give the final answer, I should put the answer between <answer> and </answer>. "
+    "Let me try again.\n"
+)
+
+
+def normalize_question(question: str) -> str:
+    """Strip the question and end it with ``?`` as Search-R1's data scripts do.
+
+    Raises:
+        ValueError: the question is empty after stripping.
+    """
+    question = question.strip()
+    if not question:
+        raise ValueError("empty question")
+    return question if question.endswith("?") else question + "?"
+
+
+def make_prefix(question: str, template: str = "base") -> str:
+    """The user-turn text for ``question`` (normalised) under a named template.
+
+    Raises:
+        ValueError: unknown template name or empty question.
+    """
+    if template not in TEMPLATES:
+        raise ValueError(f"unknown template {template!r}; choose one of {sorted(TEMPLATES)}")
+    return TEMPLATES[template].format(question=normalize_question(question))
+
+
+def split_contents(contents: str) -> tuple[str, str]:
+    """Split wiki-18 ``contents`` (``'"Title"\\ntext'``) into (title, text); quotes are kept."""
+    title, _, text = contents.partition("\n")
+    return title, text
+
+
+def format_passages(docs: Iterable[Mapping]) -> str:
+    """Render retrieved documents as Search-R1 does: ``Doc {i}(Title: {title}) {text}\\n`` each.
+
+    Args:
+        docs: items of a ``/retrieve`` result, each ``{"document": {"contents": ...}, ...}`` or a
+            bare ``{"contents": ...}`` document.
+    """
+    lines = []
+    for i, item in enumerate(docs, start=1):
+        document = item.get("document", item)
+        title, text = split_contents(document["contents"])
+        lines.append(f"Doc {i}(Title: {title}) {text}\n")
+    return "".join(lines)
+
+
+def format_observation(passages: str) -> str:
+    """Wrap rendered passages into the observation appended after a ``</search>``.
+
+    Search-R1 strips the rendered passages before wrapping them, so the last passage's newline is
+    not inside the block.
+    """
+    return f"\n\n<information>{passages.strip()}</information>\n\n"
