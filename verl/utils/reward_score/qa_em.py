@@ -1,0 +1,136 @@
+"""Exact-match reward for open-domain QA, as in Search-R1 (and DPR/FlashRAG evaluation).
+
+The answer is the text of the **last** ``<answer>...</answer>`` of the *response*. Search-R1 decoded
+prompt + response and skipped the first match (the prompt's ``<answer> Beijing </answer>`` example);
+here callers pass the response only, so every match counts and the last one wins.
+
+Normalisation is SQuAD's (Rajpurkar et al., 2016, official evaluation script): lower-case, drop
+punctuation, drop the articles a/an/the, collapse whitespace.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from typing import Iterable, Sequence
+
+import numpy as np
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = frozenset(string.punctuation)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+# A retrieved passage may itself contain "<answer>" text; an unclosed block was cut by truncation.
+_INFORMATION = re.compile(r"<information>.*?(?:</information>|$)", re.DOTALL)
+
+
+def normalize_answer(text: str, remove_articles: bool = True) -> str:
+    """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    if remove_articles:
+        text = _ARTICLES.sub(" ", text)
+    return " ".join(text.split())
+
+
+def _comparable(prediction: str, gold: str) -> tuple[str, str]:
+    """Normalised (prediction, gold); articles are kept when either side is *only* an article.
+
+    Plain SQuAD normalisation maps "A" (e.g. "Vitamin A" questions answered "A") and an empty
+    answer to the same "" and would reward ``<answer></answer>``; keeping the articles for such
+    pairs keeps "a" == "A" while "" matches nothing.
+    """
+    pred_norm, gold_norm = normalize_answer(prediction), normalize_answer(gold)
+    if pred_norm and gold_norm:
+        return pred_norm, gold_norm
+    return normalize_answer(prediction, False), normalize_answer(gold, False)
+
+
+def as_answer_list(golden_answers) -> list[str]:
+    """Gold answers as a list of strings; accepts a str, a list/tuple, or a numpy array.
+
+    A ``{"target": [...]}`` mapping (the ``reward_model.ground_truth`` field) is unwrapped too.
+
+    Raises:
+        ValueError: a gold answer is not a string.
+    """
+    if isinstance(golden_answers, dict):
+        golden_answers = golden_answers["target"]
+    if isinstance(golden_answers, str):
+        return [golden_answers]
+    if isinstance(golden_answers, np.ndarray):
+        golden_answers = golden_answers.tolist()
+    answers = list(golden_answers)
+    for answer in answers:
+        if not isinstance(answer, str):
+            raise ValueError(f"gold answer {answer!r} is not a string (in {answers!r})")
+    return answers
+
+
+def em_check(prediction: str, golden_answers) -> int:
+    """1 when the normalised prediction equals a normalised gold answer, else 0."""
+    for gold in as_answer_list(golden_answers):
+        pred_norm, gold_norm = _comparable(prediction, gold)
+        if gold_norm and pred_norm == gold_norm:
+            return 1
+    return 0
+
+
+def subem_check(prediction: str, golden_answers) -> int:
+    """1 when a normalised gold answer occurs inside the normalised prediction, else 0.
+
+    A gold answer that is only an article (``"A"``) must occur as a whole word; an empty gold
+    answer never matches (it would be a substring of everything).
+    """
+    for gold in as_answer_list(golden_answers):
+        if normalize_answer(gold):
+            if normalize_answer(gold) in normalize_answer(prediction):
+                return 1
+            continue
+        gold_words = normalize_answer(gold, remove_articles=False)
+        if gold_words and f" {gold_words} " in f" {normalize_answer(prediction, False)} ":
+            return 1
+    return 0
+
+
+def extract_solution(solution_str: str) -> str | None:
+    """Stripped text of the last complete ``<answer>...</answer>`` in the response, or None.
+
+    Text inside ``<information>`` blocks (retrieved passages, not the model's words) is ignored.
+    """
+    matches = _ANSWER.findall(_INFORMATION.sub(" ", solution_str))
+    if not matches:
+        return None
+    return matches[-1].strip()
+
+
+def compute_score_em(solution_str: str, ground_truth, format_score: float = 0.0,
+                     score: float = 1.0) -> float:
+    """EM score of a response.
+
+    Args:
+        solution_str: the decoded response (not the prompt).
+        ground_truth: ``{"target": [...]}``, a list/array of answers, or one answer.
+        format_score: reward for an answer that is present but wrong.
+        score: reward for a correct answer.
+    Returns:
+        ``score`` on EM, ``format_score`` for a wrong answer, 0 with no answer.
+    """
+    answer = extract_solution(solution_str)
+    if answer is None:
+        return 0.0
+    return float(score) if em_check(answer, ground_truth) else float(format_score)
+
+
+def compute_score_subem(solution_str: str, ground_truth, format_score: float = 0.0,
+                        score: float = 1.0) -> float:
+    """Like :func:`compute_score_em` with substring match (``subem_check``)."""
+    answer = extract_solution(solution_str)
+    if answer is None:
+        return 0.0
+    return float(score) if subem_check(answer, ground_truth) else float(format_score)
+
+
+def any_in(golden_answers: Sequence[str], texts: Iterable[str]) -> bool:
+    """True when a non-empty normalised gold answer occurs in one of the normalised texts."""
+    golds = [g for g in (normalize_answer(a) for a in as_answer_list(golden_answers)) if g]
+    return any(gold in normalize_answer(text) for text in texts for gold in golds)
