@@ -1,0 +1,80 @@
+"""Core PPO/GRPO algorithms: the one import point for the trainer and the workers.
+
+The implementations live in small modules under ``verl.trainer.ppo.algos`` (one job each); this
+module re-exports them under veRL's names. Add an estimator or a policy loss by name with
+``@register_adv_est("name")`` / ``@register_policy_loss("name")`` and select it from the config
+(``algorithm.adv_estimator``, ``actor_rollout_ref.actor.policy_loss.loss_mode``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl.trainer.ppo.algos.advantage import (
+    ADV_ESTIMATOR_REGISTRY,
+    compute_gae_advantage_return,
+    compute_grpo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    credit_rewards_to_actions,
+    get_adv_estimator_fn,
+    register_adv_est,
+)
+from verl.trainer.ppo.algos.importance_sampling import compute_rollout_is_weights
+from verl.trainer.ppo.algos.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    apply_kl_penalty,
+    compute_entropy_from_logits,
+    get_kl_controller,
+    kl_penalty,
+)
+from verl.trainer.ppo.algos.masked import LOSS_AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
+from verl.trainer.ppo.algos.policy_loss import (
+    POLICY_LOSS_REGISTRY,
+    compute_policy_loss_gspo,
+    compute_policy_loss_vanilla,
+    compute_value_loss,
+    get_policy_loss_fn,
+    register_policy_loss,
+)
+
+
+def compute_advantage(data: Any, adv_estimator: str, gamma: float = 1.0, lam: float = 1.0,
+                      norm_adv_by_std_in_grpo: bool = True, **kwargs) -> Any:
+    """Run the estimator named ``adv_estimator`` on a DataProto and store its outputs.
+
+    Reads ``batch["token_level_rewards"]``, ``batch["response_mask"]``, ``batch["values"]`` (if
+    present) and ``non_tensor_batch["uid"]`` (if present) and writes ``batch["advantages"]`` and
+    ``batch["returns"]``, all ``(batch, response_len)``. Returns ``data`` (modified in place).
+
+    Raises:
+        ValueError: unknown estimator, missing key, or the estimator's own errors.
+    """
+    for key in ("token_level_rewards", "response_mask"):
+        if key not in data.batch.keys():
+            raise ValueError(f"compute_advantage: DataProto has no batch key {key!r}")
+    values = data.batch["values"] if "values" in data.batch.keys() else None
+    estimator = get_adv_estimator_fn(adv_estimator)
+    advantages, returns = estimator(
+        data.batch["token_level_rewards"], data.batch["response_mask"], values=values,
+        index=data.non_tensor_batch.get("uid"), gamma=gamma, lam=lam,
+        norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, **kwargs)
+    data.batch["advantages"] = advantages
+    data.batch["returns"] = returns
+    return data
+
+
+__all__ = [
+    "ADV_ESTIMATOR_REGISTRY", "POLICY_LOSS_REGISTRY", "KL_ESTIMATORS", "LOSS_AGG_MODES",
+    "register_adv_est", "get_adv_estimator_fn", "register_policy_loss", "get_policy_loss_fn",
+    "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage", "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "credit_rewards_to_actions", "compute_advantage",
+    "masked_sum", "masked_mean", "masked_var", "masked_whiten", "agg_loss",
+    "compute_policy_loss_vanilla", "compute_policy_loss_gspo", "compute_value_loss",
+    "compute_entropy_from_logits", "kl_penalty", "FixedKLController", "AdaptiveKLController",
+    "get_kl_controller", "apply_kl_penalty", "compute_rollout_is_weights",
+]
