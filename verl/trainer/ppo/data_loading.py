@@ -64,18 +64,7 @@ def collated_to_dataproto(batch: dict[str, Any]):
     """Split a collated dict into DataProto tensors (torch) and non-tensors (numpy object arrays)."""
     from verl.protocol import DataProto
 
-    tensors = {k: v for k, v in batch.items() if isinstance(v, torch.Tensor)}
-    non_tensors = {}
-    for key, value in batch.items():
-        if isinstance(value, torch.Tensor):
-            continue
-        if isinstance(value, np.ndarray):
-            non_tensors[key] = value
-        else:
-            array = np.empty(len(value), dtype=object)
-            array[:] = list(value)
-            non_tensors[key] = array
-    return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
+    return DataProto.from_single_dict(batch)
 
 
 class BatchLoader:

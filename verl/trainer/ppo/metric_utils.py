@@ -1,0 +1,145 @@
+"""Step metrics under veRL's names, computed from the finished batch and the timings.
+
+critic/score|rewards|advantages|returns|values/{mean,max,min}: over response tokens (scores and
+rewards summed per sequence first); response_length/{mean,max,min,clip_ratio}; env/* from the
+generation manager's per-row stats; timing_s/*; perf/{throughput_tokens_per_s,mfu/actor}.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import numpy as np
+import torch
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    values = values.float()
+    if values.numel() == 0:
+        return {}
+    return {f"{prefix}/mean": values.mean().item(), f"{prefix}/max": values.max().item(),
+            f"{prefix}/min": values.min().item()}
+
+
+def _masked(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return tensor[mask.bool()]
+
+
+def compute_data_metrics(batch, use_critic: bool) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values and lengths of one training batch."""
+    tensors = batch.batch
+    mask = tensors["response_mask"]
+    responses = tensors["responses"]
+    response_width = responses.shape[-1]
+    response_length = tensors["attention_mask"][:, -response_width:].sum(-1).float()
+    prompt_length = tensors["attention_mask"][:, :-response_width].sum(-1).float()
+    metrics = {}
+    metrics.update(_stats("critic/score", tensors["token_level_scores"].sum(-1)))
+    metrics.update(_stats("critic/rewards", tensors["token_level_rewards"].sum(-1)))
+    metrics.update(_stats("critic/advantages", _masked(tensors["advantages"], mask)))
+    metrics.update(_stats("critic/returns", _masked(tensors["returns"], mask)))
+    if use_critic and "values" in tensors.keys():
+        values = _masked(tensors["values"], mask)
+        returns = _masked(tensors["returns"], mask)
+        metrics.update(_stats("critic/values", values))
+        variance = torch.var(returns)
+        metrics["critic/vf_explained_var"] = (1.0 - torch.var(returns - values) / (variance + 1e-5)).item()
+    metrics.update(_stats("response_length", response_length))
+    metrics["response_length/clip_ratio"] = _clip_ratio(batch, response_length, response_width)
+    metrics.update(_stats("prompt_length", prompt_length))
+    metrics.update(compute_env_metrics(batch))
+    return metrics
+
+
+def _clip_ratio(batch, response_length: torch.Tensor, response_width: int) -> float:
+    """Share of rows cut by the length budget (the manager's ``truncated`` flag when it gives one)."""
+    if "truncated" in batch.non_tensor_batch:
+        return float(np.mean(batch.non_tensor_batch["truncated"].astype(float)))
+    return (response_length >= response_width).float().mean().item()
+
+
+def compute_env_metrics(batch, prefix: str = "env") -> dict[str, float]:
+    """Search-R1's environment statistics from per-row ``turns``, ``valid_action``, ``valid_search``,
+    ``finished`` (as the generation manager reports them)."""
+    fields = batch.non_tensor_batch
+    metrics = {}
+    if "turns" in fields:
+        turns = fields["turns"].astype(float)
+        metrics.update({f"{prefix}/number_of_actions/mean": turns.mean(),
+                        f"{prefix}/number_of_actions/max": turns.max(),
+                        f"{prefix}/number_of_actions/min": turns.min()})
+        if "valid_action" in fields:
+            valid = fields["valid_action"].astype(float)
+            metrics[f"{prefix}/number_of_valid_action"] = valid.mean()
+            metrics[f"{prefix}/ratio_of_valid_action"] = float((valid / np.maximum(turns, 1)).mean())
+    if "valid_search" in fields:
+        metrics[f"{prefix}/number_of_valid_search"] = fields["valid_search"].astype(float).mean()
+    if "finished" in fields:
+        metrics[f"{prefix}/finish_ratio"] = fields["finished"].astype(float).mean()
+    return {k: float(v) for k, v in metrics.items()}
+
+
+def compute_timing_metrics(timings: dict[str, float]) -> dict[str, float]:
+    return {f"timing_s/{name}": seconds for name, seconds in timings.items()}
+
+
+def device_peak_flops(configured: float | None) -> float:
+    """Peak FLOP/s of one device: the configured value, a known GPU's bf16 dense peak, or a CPU
+    estimate (cores x 2.5 GHz x 32 fp32 FLOP/cycle for AVX2 FMA)."""
+    if configured:
+        return float(configured)
+    if torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        for key, peak in (("H200", 989e12), ("H100", 989e12), ("A100", 312e12), ("L40", 181e12),
+                          ("A10", 125e12), ("4090", 165e12)):
+            if key in name:
+                return peak
+        return 100e12
+    return (os.cpu_count() or 1) * 2.5e9 * 32
+
+
+def compute_throughput_metrics(num_tokens: int, timings: dict[str, float], num_params: int,
+                               ppo_epochs: int, num_devices: int, peak_flops: float) -> dict[str, float]:
+    """Tokens per second over the whole step and the actor's model-FLOPs utilisation.
+
+    Actor FLOPs: 2N per token for the old-log-prob forward plus 6N per token per PPO epoch for the
+    update (Kaplan et al. 2020), over the time of those two phases on ``num_devices`` devices.
+    """
+    step_time = timings.get("step", 0.0)
+    metrics = {"perf/total_num_tokens": float(num_tokens)}
+    if step_time > 0:
+        metrics["perf/throughput_tokens_per_s"] = num_tokens / step_time
+    actor_time = timings.get("old_log_prob", 0.0) + timings.get("update_actor", 0.0)
+    if actor_time > 0 and num_params > 0:
+        flops = num_params * num_tokens * (2 + 6 * ppo_epochs)
+        metrics["perf/mfu/actor"] = flops / (actor_time * peak_flops * max(1, num_devices))
+    return metrics
+
+
+def reduce_worker_metrics(metrics: dict) -> dict[str, float]:
+    """Mean of lists (workers and micro-batches report several values per key)."""
+    out = {}
+    for key, value in metrics.items():
+        if isinstance(value, (list, tuple, np.ndarray)):
+            out[key] = float(np.mean([float(v) for v in value])) if len(value) else 0.0
+        else:
+            out[key] = float(value)
+    return out
+
+
+def compute_validation_metrics(data_sources: list[str], scores: list[float],
+                               env: list[dict[str, float]]) -> dict[str, float]:
+    """``val/test_score/<data_source>`` means, plus ``val/env/*`` search statistics (row-weighted)."""
+    by_source = defaultdict(list)
+    for source, score in zip(data_sources, scores):
+        by_source[str(source)].append(score)
+    metrics = {f"val/test_score/{source}": float(np.mean(values)) for source, values in by_source.items()}
+    if scores:
+        metrics["val/test_score/all"] = float(np.mean(scores))
+    sums = defaultdict(float)
+    for part in env:
+        for key, value in part.items():
+            sums[key] += value
+    metrics.update({f"val/{key}": value / len(env) for key, value in sums.items()})
+    return metrics

@@ -1,0 +1,194 @@
+"""The PPO/GRPO trainer loop on the single controller: the seven lines of DESIGN.md's step.
+
+Everything else lives in sibling modules: ``stages`` (grouping, rewards, advantages),
+``rollout_adapter`` (the worker group as an engine), ``metric_utils``, ``validation``,
+``checkpointing``, ``data_loading``; building the pieces is ``trainer_setup``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from verl.trainer.ppo import checkpointing, metric_utils, stages
+from verl.trainer.ppo.validation import run_validation
+from verl.utils.timer import timer
+
+
+@dataclass
+class WorkerHandles:
+    """Worker groups with a ``call(method, batch)`` that pads rows to the group's world size.
+
+    ``actor_rollout``: actor + rollout engine (+ reference when colocated); ``ref``: the group that
+    computes ``ref_log_probs`` (None when no KL is used); ``critic``: None for GRPO.
+    """
+
+    actor_rollout: Any
+    ref: Any
+    critic: Any
+    call: Callable
+
+
+class RayPPOTrainer:
+    """PPO (``gae`` + critic) and GRPO (``grpo``, no critic) over multi-turn search rollouts."""
+
+    def __init__(self, config: DictConfig, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
+                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, total_steps: int,
+                 num_params: int = 0):
+        self.config, self.tokenizer, self.workers = config, tokenizer, workers
+        self.train_loader, self.val_batches = train_loader, val_batches
+        self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
+        self.kl_ctrl, self.tracker, self.total_steps, self.num_params = kl_ctrl, tracker, total_steps, num_params
+        from verl.trainer.ppo.config_check import data_parallel_size, rollout_n
+        from verl.trainer.ppo.rollout_adapter import sampling_params
+
+        self.n = rollout_n(config)
+        self.num_devices = data_parallel_size(config)
+        rollout_cfg, data_cfg = config.actor_rollout_ref.rollout, config.data
+        self.train_params = sampling_params(rollout_cfg, data_cfg.max_response_length)
+        self.val_params = sampling_params(rollout_cfg, data_cfg.max_response_length, validate=True)
+        self.peak_flops = metric_utils.device_peak_flops(config.trainer.device_peak_flops)
+        self.global_step = 0
+
+    # ----------------------------------------------------------------------------------- the step
+    def step(self, batch) -> dict[str, float]:
+        """One PPO/GRPO iteration on a batch of prompts; returns its metrics."""
+        cfg, w, timings, metrics = self.config, self.workers, {}, {}
+        with timer("step", timings):
+            batch = stages.expand_groups(batch, self.n)                                        # 1
+            with timer("gen", timings):
+                batch = self.generate(batch, self.train_params)                                # 2
+            with timer("reward", timings):
+                metrics.update(_prefix("reward_extra", stages.score(batch, self.reward_fn)))   # 3
+            self.compute_log_probs_and_values(batch, timings, metrics)                         # 4
+            with timer("adv", timings):
+                metrics.update(stages.apply_rewards(batch, cfg.algorithm, self.kl_ctrl))       # 5
+                stages.compute_advantage(batch, cfg.algorithm)
+            if w.critic is not None:
+                with timer("update_critic", timings):                                          # 6
+                    metrics.update(self.update(w.critic, "update_critic", batch))
+            if self.global_step > cfg.trainer.critic_warmup:
+                with timer("update_actor", timings):
+                    metrics.update(self.update(w.actor_rollout, "update_actor", batch))
+        metrics.update(self.step_metrics(batch, timings))                                      # 7
+        return metrics
+
+    # ------------------------------------------------------------------------------ step helpers
+    def generate(self, batch, params):
+        """Multi-turn generation with search on the controller; keeps the prompt rows' fields."""
+        return stages.carry_row_fields(batch, self.manager.run_llm_loop(batch, params))
+
+    def compute_log_probs_and_values(self, batch, timings: dict, metrics: dict) -> None:
+        w = self.workers
+        batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
+        with timer("old_log_prob", timings):
+            stages.merge_outputs(batch, w.call(w.actor_rollout, "compute_log_prob", batch))
+        if "entropys" in batch.batch.keys():
+            mask = batch.batch["response_mask"].bool()
+            metrics["actor/entropy"] = batch.batch["entropys"][mask].mean().item() if mask.any() else 0.0
+        if w.ref is not None:
+            with timer("ref", timings):
+                stages.merge_outputs(batch, w.call(w.ref, "compute_ref_log_prob", batch))
+        if w.critic is not None:
+            with timer("values", timings):
+                stages.merge_outputs(batch, w.call(w.critic, "compute_values", batch))
+
+    def update(self, group, method: str, batch) -> dict[str, float]:
+        output = self.workers.call(group, method, batch)
+        return metric_utils.reduce_worker_metrics(output.meta_info.get("metrics", {}))
+
+    def step_metrics(self, batch, timings: dict) -> dict[str, float]:
+        metrics = metric_utils.compute_data_metrics(batch, use_critic=self.workers.critic is not None)
+        metrics.update(metric_utils.compute_timing_metrics(timings))
+        metrics.update(metric_utils.compute_throughput_metrics(
+            stages.num_tokens(batch), timings, self.num_params,
+            int(self.config.actor_rollout_ref.actor.ppo_epochs), self.num_devices, self.peak_flops))
+        return metrics
+
+    # ------------------------------------------------------------------------------------- loop
+    def fit(self) -> dict[str, float]:
+        """Resume, validate, train ``total_steps`` steps with periodic validation and checkpoints."""
+        trainer_cfg = self.config.trainer
+        self.resume()
+        metrics: dict[str, float] = {}
+        if trainer_cfg.val_only or (trainer_cfg.val_before_train and self.global_step == 0):
+            metrics = self.validate()
+            self.tracker.log(metrics, step=self.global_step)
+        if trainer_cfg.val_only:
+            return metrics
+        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="training", dynamic_ncols=True)
+        while self.global_step < self.total_steps:
+            batch = self.train_loader.next_batch()
+            self.global_step += 1
+            metrics = self.step(batch)
+            metrics.update(self.periodic(self.global_step == self.total_steps))
+            self.tracker.log(metrics, step=self.global_step)
+            bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+            bar.update(1)
+        bar.close()
+        return metrics
+
+    def periodic(self, last: bool) -> dict[str, float]:
+        """Validation every ``test_freq`` and a checkpoint every ``save_freq`` steps (and at the end)."""
+        trainer_cfg, step, metrics = self.config.trainer, self.global_step, {}
+        if trainer_cfg.test_freq > 0 and (step % trainer_cfg.test_freq == 0 or last):
+            metrics.update(self.validate())
+        if trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last):
+            self.save()
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        def generate(batch):
+            batch = stages.expand_groups(batch, 1)
+            return self.generate(batch, self.val_params)
+
+        return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer,
+                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step)
+
+    # ------------------------------------------------------------------------------- checkpoints
+    def save(self) -> None:
+        w, trainer_cfg = self.workers, self.config.trainer
+
+        def save_workers(folder):
+            w.actor_rollout.save_checkpoint(str(folder / "actor"))
+            if w.critic is not None:
+                w.critic.save_checkpoint(str(folder / "critic"))
+            if trainer_cfg.export_hf:
+                w.actor_rollout.export_hf(str(folder / "huggingface"))
+
+        state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value)}
+        checkpointing.save_checkpoint(trainer_cfg.default_local_dir, self.global_step, state, save_workers,
+                                      max_to_keep=trainer_cfg.max_actor_ckpt_to_keep)
+
+    def resume(self) -> None:
+        """Load the checkpoint chosen by ``trainer.resume_mode`` (workers, data position, KL, RNG)."""
+        trainer_cfg = self.config.trainer
+        path = checkpointing.resolve_resume_path(trainer_cfg.resume_mode, trainer_cfg.default_local_dir)
+        if path is None:
+            return
+        self.workers.actor_rollout.load_checkpoint(str(path / "actor"))
+        if self.workers.critic is not None:
+            self.workers.critic.load_checkpoint(str(path / "critic"))
+        state = checkpointing.load_trainer_state(path)
+        self.global_step = int(state["global_step"])
+        self.train_loader.load_state_dict(state["data"])
+        self.kl_ctrl.value = state["kl_coef"]
+        print(f"resumed from {path} at global step {self.global_step}", flush=True)
+
+    def shutdown(self) -> None:
+        self.tracker.finish()
+
+
+def _prefix(prefix: str, info: dict) -> dict[str, float]:
+    """Means of the reward manager's per-row extra info, e.g. ``reward_extra/em``."""
+    out = {}
+    for key, values in info.items():
+        try:
+            out[f"{prefix}/{key}"] = float(torch.as_tensor(values, dtype=torch.float32).mean())
+        except (TypeError, ValueError):
+            continue
+    return out

@@ -1,0 +1,88 @@
+"""The rollout worker group seen as a ``RolloutEngine``, so the multi-turn loop runs on the controller.
+
+``LLMGenerationManager`` drives an engine with token ids, one turn at a time, and calls the
+retriever between turns. The engine itself lives inside the actor-rollout workers (colocated with
+the FSDP actor, sharing its weights); this adapter turns ``engine.generate(prompt_ids, params)``
+into one ``generate_sequences`` call on the worker group. Weight sync after an actor update happens
+inside the workers, so ``update_weights`` is a no-op here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+
+STOP_STRINGS = ["</search>", "</answer>"]
+
+
+def _object_array(items: list) -> np.ndarray:
+    array = np.empty(len(items), dtype=object)
+    array[:] = items
+    return array
+
+
+class WorkerGroupEngine(RolloutEngine):
+    """Adapter over ``actor_rollout_wg.generate_sequences``.
+
+    Args:
+        worker_group: a worker group whose ``generate_sequences(DataProto)`` reads per-row
+            ``raw_prompt_ids`` and ``meta_info["sampling_params"]`` and returns per-row
+            ``output_token_ids``, ``output_log_probs``, ``finish_reason`` (and ``stop_str``).
+        world_size: number of workers the rows are split over (rows are padded to a multiple).
+    """
+
+    def __init__(self, worker_group, world_size: int = 1):
+        self.worker_group = worker_group
+        self.world_size = max(1, int(world_size))
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RolloutOutput]:
+        """One output per prompt and sample, prompts in order, samples of a prompt adjacent."""
+        from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+
+        if not prompt_token_ids:
+            return []
+        # Samples are expanded here so every worker row yields exactly one output.
+        rows = [list(ids) for ids in prompt_token_ids for _ in range(params.n)]
+        single = dataclasses.replace(params, n=1)
+        data = DataProto.from_dict(non_tensors={"raw_prompt_ids": _object_array(rows)},
+                                   meta_info={"sampling_params": dataclasses.asdict(single)})
+        data, pad_size = pad_dataproto_to_divisor(data, self.world_size)
+        output = unpad_dataproto(self.worker_group.generate_sequences(data), pad_size)
+        return _to_outputs(output)
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """No-op: the workers push weights into their engine after each actor update."""
+
+
+def _to_outputs(output) -> list[RolloutOutput]:
+    fields = output.non_tensor_batch
+    stop_strs = fields.get("stop_str", [None] * len(fields["output_token_ids"]))
+    return [
+        RolloutOutput(token_ids=[int(t) for t in ids], log_probs=[float(x) for x in log_probs],
+                      finish_reason=str(reason), stop_str=stop)
+        for ids, log_probs, reason, stop in zip(fields["output_token_ids"], fields["output_log_probs"],
+                                                fields["finish_reason"], stop_strs)
+    ]
+
+
+def sampling_params(rollout_cfg: DictConfig, max_tokens: int, validate: bool = False) -> SamplingParams:
+    """Per-turn sampling parameters from ``actor_rollout_ref.rollout``.
+
+    Training samples with ``temperature/top_p/top_k``. Validation uses ``rollout.val_kwargs``; with
+    ``do_sample: false`` it is truly greedy (temperature 0), which Search-R1 meant but did not do.
+    ``rollout.do_sample: false`` makes training greedy as well.
+    """
+    source = rollout_cfg.val_kwargs if validate else rollout_cfg
+    greedy = not source.do_sample
+    return SamplingParams(
+        temperature=0.0 if greedy else float(source.temperature),
+        top_p=1.0 if greedy else float(source.top_p),
+        top_k=-1 if greedy else int(source.top_k),
+        max_tokens=int(max_tokens), stop=list(STOP_STRINGS), n=1,
+        seed=None if validate else rollout_cfg.get("seed"), logprobs=True)
