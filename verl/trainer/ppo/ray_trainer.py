@@ -24,13 +24,15 @@ class WorkerHandles:
     """Worker groups with a ``call(method, batch)`` that pads rows to the group's world size.
 
     ``actor_rollout``: actor + rollout engine (+ reference when colocated); ``ref``: the group that
-    computes ``ref_log_probs`` (None when no KL is used); ``critic``: None for GRPO.
+    computes ``ref_log_probs`` (None when no KL is used); ``critic``: None for GRPO; ``shutdown``
+    stops the workers (and Ray).
     """
 
     actor_rollout: Any
     ref: Any
     critic: Any
     call: Callable
+    shutdown: Callable = lambda: None
 
 
 class RayPPOTrainer:
@@ -181,6 +183,7 @@ class RayPPOTrainer:
 
     def shutdown(self) -> None:
         self.tracker.finish()
+        self.workers.shutdown()
 
 
 def _prefix(prefix: str, info: dict) -> dict[str, float]:

@@ -1,0 +1,91 @@
+"""Start the worker groups the trainer drives: actor+rollout(+reference) and, for PPO, the critic.
+
+All roles are colocated: each rank's process hosts the actor/rollout worker (with the reference
+model when a KL term needs it) and the critic, so they share devices as in veRL's hybrid engine.
+``trainer.backend=ray`` spreads ranks over Ray actors (``nnodes x n_gpus_per_node``);
+``trainer.backend=local`` runs one rank inside the controller (debugging, small CPU runs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import DictConfig
+
+from verl.trainer.ppo.config_check import data_parallel_size, needs_critic
+from verl.trainer.ppo.ray_trainer import WorkerHandles
+
+
+def needs_reference(cfg: DictConfig) -> bool:
+    """A reference policy is needed when KL enters the reward or the actor loss."""
+    return bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
+
+
+def padded_call(group, method: str, batch):
+    """Call a DP_COMPUTE_PROTO method with rows padded to a multiple of the group's world size."""
+    from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+
+    padded, pad_size = pad_dataproto_to_divisor(batch, group.world_size)
+    output = getattr(group, method)(padded)
+    return unpad_dataproto(output, pad_size) if output is not None and len(output) else output
+
+
+def _role_specs(cfg: DictConfig) -> dict[str, Any]:
+    from verl.single_controller.base.host import ClassWithInitArgs
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+    actor_role = "actor_rollout_ref" if needs_reference(cfg) else "actor_rollout"
+    roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
+                                                role=actor_role)}
+    if needs_critic(cfg):
+        roles["critic"] = ClassWithInitArgs(CriticWorker, config=cfg.critic)
+    return roles
+
+
+def _start_group(cfg: DictConfig, bundle):
+    if cfg.trainer.backend == "local":
+        from verl.single_controller.local import LocalWorkerGroup
+
+        if data_parallel_size(cfg) != 1:
+            raise ValueError(f"trainer.backend=local runs one rank; set trainer.nnodes=1 and "
+                             f"trainer.n_gpus_per_node=1 (got {data_parallel_size(cfg)} ranks)")
+        return LocalWorkerGroup(bundle)
+    import ray
+    from verl.single_controller.ray import RayResourcePool, RayWorkerGroup
+
+    if not ray.is_initialized():
+        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, log_to_driver=True)
+    pool = RayResourcePool(process_on_nodes=[int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes),
+                           use_gpu=_use_gpu())
+    return RayWorkerGroup(pool, bundle)
+
+
+def _use_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def build_worker_groups(cfg: DictConfig) -> WorkerHandles:
+    """Start and initialise the worker groups (critic first, so the actor's engine gets what is left)."""
+    from verl.single_controller.base.host import create_colocated_worker_cls
+
+    roles = _role_specs(cfg)
+    group = _start_group(cfg, create_colocated_worker_cls(roles))
+    groups = group.spawn(prefix_set=list(roles))
+    critic = groups.get("critic")
+    if critic is not None:
+        critic.init_model()
+    actor_rollout = groups["actor_rollout"]
+    actor_rollout.init_model()
+
+    def shutdown() -> None:
+        if hasattr(group, "shutdown"):
+            group.shutdown()
+        if cfg.trainer.backend == "ray":
+            import ray
+
+            ray.shutdown()
+
+    return WorkerHandles(actor_rollout=actor_rollout, ref=actor_rollout if needs_reference(cfg) else None,
+                         critic=critic, call=padded_call, shutdown=shutdown)
