@@ -1,0 +1,326 @@
+"""Model loading and FSDP2 wrapping: the one path every trainer (PPO workers, SFT) loads models by.
+
+* :func:`load_causal_lm` / :func:`load_value_model`: ``from_pretrained`` of a local folder or hub id
+  (``trust_remote_code``, ``gguf_file``, ``attn_implementation``, ``override_config``,
+  ``external_lib``), optional gradient checkpointing. The critic is the LM body with a 1-unit token
+  classification head (token-level values), built from the same causal-LM checkpoint.
+* :func:`apply_fsdp2`: ``fully_shard`` on each decoder layer and then on the root module, with a
+  :class:`MixedPrecisionPolicy` (bf16 compute / fp32 reduce on GPU, fp32 on CPU) and optional
+  :class:`CPUOffloadPolicy` (parameters, gradients and the optimizer step on CPU).
+* full (unsharded) state dicts for export and for pushing weights to the rollout engine;
+  optimizer-state offload between updates.
+
+Large models are loaded fully on every rank before sharding (no meta-device init); that is simple
+and fine up to a few billion parameters per host.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import math
+import os
+import socket
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+           "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}
+
+
+def to_dtype(name: str | torch.dtype | None) -> torch.dtype | None:
+    """``"bf16"``/``"bfloat16"``/``"fp32"``/... -> ``torch.dtype`` (``None`` stays ``None``).
+
+    Raises:
+        ValueError: unknown dtype name.
+    """
+    if name is None or isinstance(name, torch.dtype):
+        return name
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; expected one of {sorted(_DTYPES)}")
+    return _DTYPES[name]
+
+
+def device_name() -> str:
+    """``"cuda"`` when a GPU is visible, else ``"cpu"``."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_distributed() -> None:
+    """Initialise ``torch.distributed`` if nobody has (NCCL on GPU, gloo on CPU).
+
+    Uses ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` when set (worker groups set them);
+    otherwise a world of one on a free local port, so FSDP2 also runs in a plain process.
+    """
+    if dist.is_initialized():
+        return
+    if "WORLD_SIZE" not in os.environ:
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                          MASTER_PORT=str(_free_port()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    dist.init_process_group(backend=backend)
+
+
+def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """Read ``key`` from a dict / OmegaConf node / object, with a default."""
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
+        value = cfg.get(key, default)
+    else:
+        value = getattr(cfg, key, default)
+    return default if value is None else value
+
+
+def _pretrained_kwargs(model_config: Any, torch_dtype: torch.dtype) -> dict:
+    kwargs = {"dtype": torch_dtype,
+              "trust_remote_code": bool(_cfg_get(model_config, "trust_remote_code", False)),
+              "attn_implementation": resolve_attn_implementation(
+                  _cfg_get(model_config, "attn_implementation", None))}
+    gguf_file = _cfg_get(model_config, "gguf_file", None)
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    return kwargs
+
+
+def resolve_attn_implementation(requested: str | None) -> str:
+    """``requested`` if given, else flash_attention_2 when installed on a GPU, else sdpa."""
+    if requested:
+        return requested
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"
+
+
+def load_model_config(model_config: Any):
+    """``AutoConfig`` of ``model_config.path`` with ``override_config`` applied.
+
+    Also imports ``external_lib`` first (a module that registers custom architectures).
+    """
+    from transformers import AutoConfig
+
+    external_lib = _cfg_get(model_config, "external_lib", None)
+    if external_lib:
+        importlib.import_module(external_lib)
+    path = _cfg_get(model_config, "path", None)
+    if not path:
+        raise ValueError("model.path is empty: give a local folder or a hub id")
+    kwargs = {"trust_remote_code": bool(_cfg_get(model_config, "trust_remote_code", False))}
+    gguf_file = _cfg_get(model_config, "gguf_file", None)
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    config = AutoConfig.from_pretrained(path, **kwargs)
+    for key, value in dict(_cfg_get(model_config, "override_config", {}) or {}).items():
+        setattr(config, key, value)
+    return config
+
+
+def load_causal_lm(model_config: Any, torch_dtype: str | torch.dtype = torch.float32,
+                   trainable: bool = True) -> nn.Module:
+    """Load a causal LM for the actor, the reference or SFT.
+
+    Args:
+        model_config: the ``model`` config node: ``path`` (folder or hub id), ``trust_remote_code``,
+            ``gguf_file``, ``attn_implementation`` (default sdpa, flash_attention_2 when installed
+            on GPU), ``override_config`` (dict of config attributes), ``external_lib``,
+            ``enable_gradient_checkpointing``.
+        torch_dtype: dtype of the loaded weights (fp32 master weights for training).
+        trainable: False freezes all parameters (reference model) and skips checkpointing.
+    Returns:
+        The ``AutoModelForCausalLM`` in train mode (trainable) or eval mode (frozen).
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = load_model_config(model_config)
+    model = AutoModelForCausalLM.from_pretrained(
+        _cfg_get(model_config, "path"), config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    return _finish_model(model, model_config, trainable)
+
+
+def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.float32) -> nn.Module:
+    """Load a critic: the LM body plus a linear head giving one value per token.
+
+    ``AutoModelForTokenClassification`` with ``num_labels=1`` reuses the causal-LM checkpoint's body
+    weights (the LM head is dropped, the value head starts random). Dropout is switched off so
+    values are deterministic in train mode. ``model(input_ids, ...).logits[..., 0]`` is the value.
+
+    Raises:
+        ValueError: the architecture has no token-classification class in transformers.
+    """
+    from transformers import AutoModelForTokenClassification
+
+    config = load_model_config(model_config)
+    config.num_labels = 1
+    config.classifier_dropout = 0.0
+    model = AutoModelForTokenClassification.from_pretrained(
+        _cfg_get(model_config, "path"), config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    return _finish_model(model, model_config, trainable=True)
+
+
+def _finish_model(model: nn.Module, model_config: Any, trainable: bool) -> nn.Module:
+    if not trainable:
+        model.requires_grad_(False)
+        return model.eval()
+    if _cfg_get(model_config, "enable_gradient_checkpointing", False):
+        # Non-reentrant checkpointing works with FSDP2 and with inputs that need no grad.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.train()
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards one by one: instances of the model's ``_no_split_modules`` classes.
+
+    Raises:
+        ValueError: the model declares no such classes or none is found.
+    """
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in names]
+    if not layers:
+        raise ValueError(f"{type(model).__name__} declares no decoder layer classes (_no_split_modules={names}); "
+                         "cannot shard it per layer")
+    return layers
+
+
+def mixed_precision_policy(mixed_precision: Any = None):
+    """FSDP2 policy: on GPU bf16 params / fp32 reduce by default; on CPU everything fp32.
+
+    ``mixed_precision`` may set ``param_dtype``, ``reduce_dtype`` (GPU only).
+    """
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if not torch.cuda.is_available():
+        return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=to_dtype(_cfg_get(mixed_precision, "param_dtype", "bf16")),
+                                reduce_dtype=to_dtype(_cfg_get(mixed_precision, "reduce_dtype", "fp32")),
+                                cast_forward_inputs=True)
+
+
+def apply_fsdp2(model: nn.Module, mesh=None, mixed_precision: Any = None, param_offload: bool = False,
+                reshard_after_forward: bool = True) -> nn.Module:
+    """Shard ``model`` in place with FSDP2: each decoder layer, then the root.
+
+    Args:
+        model: a Hugging Face model on CPU (it is moved to the mesh's device).
+        mesh: a 1-D ``DeviceMesh`` (default: all ranks of the default group).
+        mixed_precision: see :func:`mixed_precision_policy`.
+        param_offload: keep sharded params (and grads, and the optimizer step) on CPU between uses
+            (:class:`CPUOffloadPolicy`). Ignored on a CPU-only machine, where it changes nothing.
+        reshard_after_forward: free gathered params after forward (ZeRO-3); False keeps them (ZeRO-2).
+    Returns:
+        The same module, now an ``FSDPModule``.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
+
+    init_distributed()
+    device = device_name()
+    if mesh is None:
+        mesh = init_device_mesh(device, (dist.get_world_size(),))
+    offload = OffloadPolicy()
+    if param_offload and device == "cuda":
+        offload = CPUOffloadPolicy(pin_memory=True)
+    elif device == "cuda":
+        model.to(torch.device("cuda", torch.cuda.current_device()))
+    kwargs = {"mesh": mesh, "mp_policy": mixed_precision_policy(mixed_precision), "offload_policy": offload,
+              "reshard_after_forward": reshard_after_forward}
+    for layer in decoder_layers(model):
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+    return model
+
+
+def iter_full_params(model: nn.Module, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, full tensor)`` for every state-dict entry, gathered on every rank.
+
+    Collective: all ranks must consume the iterator fully and in step. Memory stays at one full
+    tensor at a time, which suits pushing weights to a colocated rollout engine.
+    """
+    from torch.distributed.tensor import DTensor
+
+    for name, tensor in model.state_dict().items():
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        yield name, tensor.detach().to(device)
+
+
+def get_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Unsharded fp32 CPU state dict on rank 0 (an empty dict on other ranks). Collective.
+
+    Uses ``torch.distributed.checkpoint.state_dict.get_model_state_dict`` with
+    ``full_state_dict=True, cpu_offload=True``.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+@torch.no_grad()
+def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    """Move optimizer state tensors to CPU (frees accelerator memory between updates)."""
+    _move_optimizer(optimizer, torch.device("cpu"))
+
+
+@torch.no_grad()
+def load_optimizer(optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:
+    """Move optimizer state tensors back to ``device`` before a step."""
+    _move_optimizer(optimizer, torch.device(device))
+
+
+def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.device != device:
+                state[key] = value.to(device, non_blocking=True)
+
+
+@torch.no_grad()
+def offload_model(model: nn.Module) -> None:
+    """Move a (frozen) sharded model's parameters to CPU, e.g. the reference between uses."""
+    model.to("cpu")
+
+
+@torch.no_grad()
+def load_model(model: nn.Module, device: str | torch.device) -> None:
+    """Move a model offloaded by :func:`offload_model` back to ``device``."""
+    model.to(device)
+
+
+def clip_grad_and_step(model: nn.Module, optimizer: torch.optim.Optimizer,
+                       grad_clip: float | None) -> tuple[float, bool]:
+    """Clip the global grad norm to ``grad_clip`` and step; skip the step if the norm is not finite.
+
+    A NaN/inf norm (overflow, a bad batch) would poison the weights and Adam moments, so the step is
+    skipped and the gradients cleared; callers log the returned norm.
+
+    Returns:
+        ``(grad_norm, stepped)``: the pre-clip L2 norm over all ranks' shards and whether
+        ``optimizer.step()`` ran.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    max_norm = float(grad_clip) if grad_clip and grad_clip > 0 else float("inf")
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm=max_norm)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    norm = float(norm)
+    if not math.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        return norm, False
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm, True

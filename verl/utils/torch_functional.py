@@ -1,0 +1,196 @@
+"""Tensor helpers shared by the actor, the critic and the SFT trainer.
+
+* log-probs and entropy from logits without materialising a full ``log_softmax`` copy where it is
+  avoidable (``logsumexp`` then a gather);
+* padding / unpadding: packing the valid tokens of a left/right padded batch into one row with
+  per-sequence restarting ``position_ids`` (the "remove padding" path), and scattering per-token
+  outputs back to the padded layout;
+* masked reductions.
+
+Shapes use B = rows, T = total (prompt + response) length, N = number of valid tokens in the batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+
+def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Log-probability of ``labels`` under ``softmax(logits)``.
+
+    Args:
+        logits: ``(..., vocab)`` float tensor.
+        labels: ``(...)`` integer tensor with the same leading shape.
+    Returns:
+        ``(...)`` float tensor ``log_softmax(logits)[..., labels]`` (nats).
+    """
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(f"logits {tuple(logits.shape)} and labels {tuple(labels.shape)} disagree on leading dims")
+    logits = logits.float()
+    picked = torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1)
+    return picked - torch.logsumexp(logits, dim=-1)
+
+
+def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy ``-sum_v p_v log p_v`` of ``softmax(logits)`` over the last dim, in nats.
+
+    Uses ``H = logsumexp(z) - sum_v p_v z_v``, which avoids ``0 * log 0``.
+
+    Args:
+        logits: ``(..., vocab)``.
+    Returns:
+        ``(...)`` entropy.
+    """
+    logits = logits.float()
+    probs = torch.softmax(logits, dim=-1)
+    return torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+
+
+def masked_sum(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum of ``values`` where ``mask`` is 1 (same shape)."""
+    return (values * mask).sum()
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over positions where ``mask`` is 1; 0 when the mask is empty."""
+    return (values * mask).sum() / mask.sum().clamp_min(1)
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``cumsum(attention_mask) - 1`` clipped at 0, shape ``(B, T)`` (the project's convention)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)
+
+
+def unpad_input(attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat indices of valid tokens and per-row lengths.
+
+    Args:
+        attention_mask: ``(B, T)``, 1 on real tokens.
+    Returns:
+        ``indices`` ``(N,)`` into the flattened ``(B*T,)`` batch, in row-major order, and
+        ``seqlens`` ``(B,)`` number of valid tokens per row.
+    """
+    flat = attention_mask.reshape(-1).bool()
+    indices = torch.nonzero(flat, as_tuple=False).squeeze(-1)
+    return indices, attention_mask.long().sum(-1)
+
+
+def pack_sequences(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pack the valid tokens of every row into one ``(1, N)`` row.
+
+    Hugging Face attention (sdpa, eager, flash-attention-2) treats a ``position_ids`` drop as a
+    sequence boundary when no 2-D attention mask is given, so the packed forward equals the padded
+    one while spending no compute on padding.
+
+    Args:
+        input_ids, attention_mask, position_ids: ``(B, T)``. Valid tokens of each row must be
+            contiguous (left or right padding, not holes) and positions must start at 0 in each row.
+    Returns:
+        ``packed_ids`` ``(1, N)``, ``packed_position_ids`` ``(1, N)`` and ``indices`` ``(N,)``.
+    Raises:
+        ValueError: a row's valid positions do not start at 0 (packing would merge it with the
+            previous row).
+    """
+    indices, _ = unpad_input(attention_mask)
+    packed_ids = input_ids.reshape(-1)[indices].unsqueeze(0)
+    packed_pos = position_ids.reshape(-1)[indices].unsqueeze(0)
+    starts = attention_mask.long().argmax(-1)
+    first_pos = position_ids.gather(1, starts.unsqueeze(1)).squeeze(1)
+    bad = torch.nonzero((first_pos != 0) & (attention_mask.sum(-1) > 0)).flatten()
+    if bad.numel():
+        raise ValueError(f"rows {bad.tolist()} have position_ids not starting at 0; cannot pack them")
+    return packed_ids, packed_pos, indices
+
+
+def pad_packed(values: torch.Tensor, indices: torch.Tensor, batch: int, seqlen: int,
+               fill: float = 0.0) -> torch.Tensor:
+    """Scatter per-token ``values`` ``(N, ...)`` back to ``(batch, seqlen, ...)`` (``fill`` elsewhere)."""
+    out = values.new_full((batch * seqlen, *values.shape[1:]), fill)
+    out[indices] = values
+    return out.reshape(batch, seqlen, *values.shape[1:])
+
+
+def next_token_labels(input_ids: torch.Tensor) -> torch.Tensor:
+    """Labels for next-token prediction: ``input_ids`` shifted left by one, last column repeated.
+
+    The last column's label is meaningless (no next token); callers only read positions < T-1.
+    """
+    return torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)
+
+
+def response_slice(per_token: torch.Tensor, response_length: int) -> torch.Tensor:
+    """Select the outputs that predict the response tokens.
+
+    The token at position ``t`` is predicted by the output at ``t - 1``, so the response tokens
+    (positions ``T-R .. T-1``) are predicted by outputs ``T-R-1 .. T-2``.
+
+    Args:
+        per_token: ``(B, T, ...)`` outputs aligned with the input positions.
+        response_length: R.
+    Returns:
+        ``(B, R, ...)``.
+    """
+    seqlen = per_token.shape[1]
+    return per_token[:, seqlen - response_length - 1: seqlen - 1]
+
+
+def warmup_lr_lambda(total_steps: int, warmup_steps: int, style: str = "constant",
+                     min_lr_ratio: float = 0.0):
+    """Multiplier of the base lr per optimizer step: linear warmup, then constant or cosine.
+
+    Warmup goes ``(step + 1) / warmup_steps`` so the first step already trains; cosine decays from 1
+    to ``min_lr_ratio`` over the remaining ``total_steps - warmup_steps`` steps (Loshchilov & Hutter,
+    SGDR, 2017).
+
+    Raises:
+        ValueError: unknown ``style`` or cosine without ``total_steps``.
+    """
+    if style not in ("constant", "cosine"):
+        raise ValueError(f"optim.warmup_style must be 'constant' or 'cosine', got {style!r}")
+    if style == "cosine" and total_steps <= 0:
+        raise ValueError("optim.warmup_style=cosine needs optim.total_training_steps > 0")
+
+    def multiplier(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        if style == "constant":
+            return 1.0
+        progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return multiplier
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR from an ``optim`` config node.
+
+    Keys: ``total_training_steps`` (int), ``lr_warmup_steps`` (int, overrides the ratio when > 0),
+    ``lr_warmup_steps_ratio`` (fraction of total steps), ``warmup_style`` (constant|cosine),
+    ``min_lr_ratio`` (cosine floor, fraction of lr).
+    """
+    get = optim_config.get
+    total = int(get("total_training_steps", 0) or 0)
+    warmup = int(get("lr_warmup_steps", -1) or -1)
+    if warmup < 0:
+        warmup = int(float(get("lr_warmup_steps_ratio", 0.0) or 0.0) * total)
+    style = get("warmup_style", "constant") or "constant"
+    fn = warmup_lr_lambda(total, warmup, style, float(get("min_lr_ratio", 0.0) or 0.0))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
+
+
+def build_optimizer(params, optim_config) -> torch.optim.AdamW:
+    """AdamW from an ``optim`` config node (``lr``, ``weight_decay``, ``betas``, ``eps``).
+
+    Raises:
+        ValueError: ``lr`` is missing or not positive.
+    """
+    lr = float(optim_config.get("lr", 0.0) or 0.0)
+    if lr <= 0:
+        raise ValueError(f"optim.lr must be > 0, got {lr}")
+    betas = tuple(optim_config.get("betas", (0.9, 0.999)) or (0.9, 0.999))
+    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=float(optim_config.get("eps", 1e-8) or 1e-8),
+                             weight_decay=float(optim_config.get("weight_decay", 0.01) or 0.0))

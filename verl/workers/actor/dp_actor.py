@@ -1,0 +1,229 @@
+"""Data-parallel PPO actor: log-probs of response tokens and the clipped policy update.
+
+The model is a Hugging Face causal LM, usually sharded with FSDP2; everything here is per rank and
+data-parallel (each rank holds its own rows; FSDP averages gradients). Shapes: B rows, T = P + R
+(prompt left-padded to P, response right-padded to R).
+
+Two forward layouts give the same numbers:
+
+* padded: ``model(input_ids, attention_mask, position_ids)`` on ``(B, T)``;
+* ``use_remove_padding``: valid tokens of all rows packed into one ``(1, N)`` row with per-row
+  restarting ``position_ids`` and no attention mask; transformers then builds a block-diagonal
+  causal mask (sdpa/eager) or varlen flash attention, so no compute goes to padding.
+
+Log-probs and entropies are 0 where the *target* response token is padding, in both layouts.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from typing import Any
+
+import torch
+from torch import nn
+
+from verl.trainer.ppo import core_algos
+from verl.utils import torch_functional as F
+from verl.utils.seqlen_balancing import grad_accum_weights, restore_order, split_micro_batches
+
+logger = logging.getLogger(__name__)
+
+_FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+
+
+def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, use_remove_padding: bool = False,
+                      calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of the response tokens of one micro-batch.
+
+    Args:
+        model: causal LM returning ``.logits`` ``(B, T, V)``.
+        micro: mapping with ``input_ids``, ``attention_mask``, ``position_ids`` ``(B, T)`` and
+            ``responses`` ``(B, R)``.
+        temperature: the sampling temperature; logits are divided by it so the log-probs are those
+            of the distribution the rollout sampled from.
+    Returns:
+        ``log_probs`` ``(B, R)`` and ``entropy`` ``(B, R)`` (or None), in nats, 0 where the response
+        token is padding.
+    """
+    input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
+    position_ids = micro["position_ids"] if "position_ids" in micro.keys() else F.position_ids_from_mask(attention_mask)
+    batch, seqlen = input_ids.shape
+    response_length = micro["responses"].shape[1]
+    labels = F.next_token_labels(input_ids)
+    if use_remove_padding:
+        packed_ids, packed_pos, indices = F.pack_sequences(input_ids, attention_mask, position_ids)
+        logits = model(input_ids=packed_ids, position_ids=packed_pos, use_cache=False).logits[0]
+        logits = logits.float() / temperature
+        log_probs = F.pad_packed(F.logprobs_from_logits(logits, labels.reshape(-1)[indices]), indices, batch, seqlen)
+        log_probs = F.response_slice(log_probs, response_length)
+        entropy = None
+        if calculate_entropy:
+            entropy = F.response_slice(F.pad_packed(F.entropy_from_logits(logits), indices, batch, seqlen),
+                                       response_length)
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       use_cache=False).logits
+        logits = F.response_slice(logits, response_length).float() / temperature
+        log_probs = F.logprobs_from_logits(logits, F.response_slice(labels, response_length))
+        entropy = F.entropy_from_logits(logits) if calculate_entropy else None
+    # Targets that are padding have meaningless (and layout-dependent) values: zero them.
+    target_valid = attention_mask[:, -response_length:].to(log_probs.dtype)
+    log_probs = log_probs * target_valid
+    if entropy is not None:
+        entropy = entropy * target_valid
+    return log_probs, entropy
+
+
+class DataParallelPPOActor:
+    """PPO actor over a (sharded) causal LM.
+
+    Args:
+        config: the ``actor`` config node, with batch sizes already per rank (the worker
+            normalises them): ``ppo_mini_batch_size`` (rows), ``ppo_micro_batch_size_per_gpu``,
+            ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``, ``ppo_epochs``, ``shuffle``,
+            ``grad_clip``, ``clip_ratio*``, ``entropy_coeff``, ``loss_agg_mode``, ``use_kl_loss``,
+            ``kl_loss_coef``, ``kl_loss_type``, ``tis_imp_ratio_cap`` (> 0 enables truncated IS),
+            ``tis_level``, ``tis_mode``, ``policy_loss.loss_mode``, ``use_remove_padding``.
+        actor_module: the model (FSDP2-wrapped or plain).
+        actor_optimizer: None for a frozen model (reference: log-probs only).
+    """
+
+    def __init__(self, config: Any, actor_module: nn.Module, actor_optimizer: torch.optim.Optimizer | None = None):
+        self.config = config
+        self.actor_module = actor_module
+        self.actor_optimizer = actor_optimizer
+        self.use_remove_padding = bool(config.get("use_remove_padding", False))
+
+    # ------------------------------------------------------------------ log-probs
+    def _micro_batches(self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None):
+        return split_micro_batches(batch, micro_batch_size=micro_batch_size,
+                                   max_token_len=max_token_len if use_dynamic_bsz else None)
+
+    @torch.no_grad()
+    def compute_log_prob(self, data, calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs ``(B, R)`` (and entropy ``(B, R)`` or None) of ``data.batch["responses"]``.
+
+        ``data.meta_info`` may give ``micro_batch_size``, ``use_dynamic_bsz``, ``max_token_len``
+        and ``temperature`` (default: the actor config's values, temperature 1). Rows come back in
+        their original order whatever the micro-batching.
+        """
+        meta = data.meta_info
+        use_dynamic = bool(meta.get("use_dynamic_bsz", self.config.get("use_dynamic_bsz", False)))
+        micro_size = meta.get("micro_batch_size") or self.config.get("log_prob_micro_batch_size_per_gpu") \
+            or self.config.get("ppo_micro_batch_size_per_gpu")
+        max_tokens = meta.get("max_token_len") or self.config.get("ppo_max_token_len_per_gpu")
+        batch = data.batch.select(*[k for k in _FORWARD_KEYS if k in data.batch.keys()])
+        micros, partitions = self._micro_batches(batch, micro_size, use_dynamic, max_tokens)
+        was_training = self.actor_module.training
+        self.actor_module.eval()
+        log_probs, entropys = [], []
+        for micro in micros:
+            lp, ent = forward_log_probs(self.actor_module, micro, float(meta.get("temperature", 1.0)),
+                                        self.use_remove_padding, calculate_entropy)
+            log_probs.append(lp)
+            entropys.append(ent)
+        self.actor_module.train(was_training)
+        log_probs = restore_order(log_probs, partitions)
+        entropy = restore_order(entropys, partitions) if calculate_entropy else None
+        return log_probs, entropy
+
+    # ------------------------------------------------------------------ update
+    def _select_update_keys(self, data):
+        keys = _FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+        if self.config.get("use_kl_loss", False):
+            keys.append("ref_log_probs")
+        if float(self.config.get("tis_imp_ratio_cap", 0) or 0) > 0:
+            keys.append("rollout_log_probs")
+        missing = [k for k in keys if k not in data.batch.keys()]
+        if missing:
+            raise KeyError(f"update_policy needs batch keys {missing} (has {sorted(data.batch.keys())})")
+        return data.batch.select(*[k for k in keys if k in data.batch.keys()])
+
+    def update_policy(self, data) -> dict[str, float]:
+        """PPO epochs over mini-batches, gradient accumulation over micro-batches.
+
+        Loss per micro-batch (Schulman et al. 2017): the registered policy loss
+        (``policy_loss.loss_mode``, default ``vanilla`` clipped surrogate) optionally weighted by
+        truncated importance weights, ``- entropy_coeff * entropy`` and ``+ kl_loss_coef * KL(pi ||
+        pi_ref)``, each aggregated with ``loss_agg_mode``. Micro-batch losses are weighted by
+        :func:`grad_accum_weights` so the step equals one step on the whole mini-batch.
+
+        Returns:
+            Metrics averaged over mini-batches: ``actor/pg_loss``, ``actor/pg_clipfrac``,
+            ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` (with KL loss),
+            ``actor/grad_norm``, ``actor/grad_norm_nonfinite`` (share of skipped steps), plus the
+            importance-sampling metrics with TIS.
+        """
+        if self.actor_optimizer is None:
+            raise RuntimeError("update_policy called on an actor built without an optimizer")
+        batch = self._select_update_keys(data)
+        temperature = float(data.meta_info.get("temperature", 1.0))
+        mini_size = int(self.config.get("ppo_mini_batch_size"))
+        metrics: dict[str, list[float]] = defaultdict(list)
+        self.actor_module.train()
+        for epoch in range(int(self.config.get("ppo_epochs", 1))):
+            epoch_batch = batch
+            if self.config.get("shuffle", False):
+                gen = torch.Generator().manual_seed(int(self.config.get("seed", 0)) + epoch)
+                epoch_batch = batch[torch.randperm(batch.batch_size[0], generator=gen)]
+            for start in range(0, epoch_batch.batch_size[0], mini_size):
+                mini = epoch_batch[start:start + mini_size]
+                for key, value in self._update_mini_batch(mini, temperature).items():
+                    metrics[key].append(value)
+        return {key: sum(values) / len(values) for key, values in metrics.items()}
+
+    def _update_mini_batch(self, mini, temperature: float) -> dict[str, float]:
+        micros, _ = self._micro_batches(mini, self.config.get("ppo_micro_batch_size_per_gpu"),
+                                        bool(self.config.get("use_dynamic_bsz", False)),
+                                        self.config.get("ppo_max_token_len_per_gpu"))
+        loss_agg_mode = self.config.get("loss_agg_mode", "token-mean")
+        weights = grad_accum_weights([m["response_mask"] for m in micros], loss_agg_mode)
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for micro, weight in zip(micros, weights):
+            loss, micro_metrics = self._micro_batch_loss(micro, temperature, loss_agg_mode)
+            (loss * weight).backward()
+            sums["actor/pg_loss"] += micro_metrics.pop("actor/pg_loss") * weight
+            for key, value in micro_metrics.items():
+                sums[key] += value / len(micros)
+        from verl.utils.fsdp_utils import clip_grad_and_step
+
+        grad_norm, stepped = clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.get("grad_clip"))
+        if not stepped:
+            logger.warning("actor grad norm is %s: optimizer step skipped", grad_norm)
+        sums["actor/grad_norm"] = grad_norm
+        sums["actor/grad_norm_nonfinite"] = 0.0 if stepped else 1.0
+        return dict(sums)
+
+    def _micro_batch_loss(self, micro, temperature: float, loss_agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+        response_mask = micro["response_mask"].to(torch.float32)
+        entropy_coeff = float(self.config.get("entropy_coeff", 0.0) or 0.0)
+        log_prob, entropy = forward_log_probs(self.actor_module, micro, temperature, self.use_remove_padding,
+                                              calculate_entropy=True)
+        metrics: dict[str, float] = {}
+        is_weights = None
+        cap = float(self.config.get("tis_imp_ratio_cap", 0) or 0)
+        if cap > 0:
+            is_weights, is_metrics = core_algos.compute_rollout_is_weights(
+                micro["old_log_probs"], micro["rollout_log_probs"], response_mask, cap=cap,
+                level=self.config.get("tis_level", "token"), mode=self.config.get("tis_mode", "truncate"))
+            metrics.update({f"actor/{k}": v for k, v in is_metrics.items()})
+        loss_mode = (self.config.get("policy_loss") or {}).get("loss_mode", "vanilla")
+        pg_loss, pg_metrics = core_algos.get_policy_loss_fn(loss_mode)(
+            micro["old_log_probs"], log_prob, micro["advantages"], response_mask, loss_agg_mode, self.config,
+            rollout_is_weights=is_weights)
+        metrics.update(pg_metrics)
+        entropy_loss = core_algos.agg_loss(entropy, response_mask, loss_agg_mode)
+        metrics["actor/entropy"] = entropy_loss.item()
+        loss = pg_loss
+        if entropy_coeff != 0:
+            loss = loss - entropy_coeff * entropy_loss
+        if self.config.get("use_kl_loss", False):
+            kl = core_algos.kl_penalty(log_prob, micro["ref_log_probs"], self.config.get("kl_loss_type", "low_var_kl"))
+            kl_loss = core_algos.agg_loss(kl, response_mask, loss_agg_mode)
+            loss = loss + float(self.config.get("kl_loss_coef", 0.001)) * kl_loss
+            metrics["actor/kl_loss"] = kl_loss.item()
+            metrics["actor/kl_coef"] = float(self.config.get("kl_loss_coef", 0.001))
+        metrics["actor/pg_loss"] = pg_loss.item()
+        return loss, metrics
