@@ -50,11 +50,10 @@ def _start_group(cfg: DictConfig, bundle):
             raise ValueError(f"trainer.backend=local runs one rank; set trainer.nnodes=1 and "
                              f"trainer.n_gpus_per_node=1 (got {data_parallel_size(cfg)} ranks)")
         return LocalWorkerGroup(bundle)
-    import ray
     from verl.single_controller.ray import RayResourcePool, RayWorkerGroup
+    from verl.single_controller.ray.init import init_ray
 
-    if not ray.is_initialized():
-        ray.init(runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}, log_to_driver=True)
+    init_ray()
     pool = RayResourcePool(process_on_nodes=[int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes),
                            use_gpu=_use_gpu())
     return RayWorkerGroup(pool, bundle)

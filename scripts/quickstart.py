@@ -1,0 +1,147 @@
+"""The embedded default run, end to end: data, retriever, training (what ``train_*.sh`` call).
+
+    python scripts/quickstart.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
+                                 [--retriever-url URL] [--no-retriever] [key=value ...]
+
+1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` with ``scripts/data_process/nq_search.py``
+   when they are missing;
+2. optional warm start (``WARM_START=1``): the SFT step of issue 8 runs once and its checkpoint
+   becomes the initial policy (hook: :func:`maybe_warm_start`);
+3. if no retriever answers at ``--retriever-url``: builds a BM25 index over ``--corpus`` once
+   (cached beside it) and starts a retrieval server in the background, stopped at the end;
+4. runs ``python -m verl.trainer.main_ppo`` with the remaining ``key=value`` overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlparse
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data-dir", default="data/example_search")
+    parser.add_argument("--qa-dir", default="example/qa", help="FlashRAG-style QA jsonl folder")
+    parser.add_argument("--corpus", default="example/corpus.jsonl")
+    parser.add_argument("--index-dir", default=None, help="default: <corpus>.bm25 beside the corpus")
+    parser.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve")
+    parser.add_argument("--no-retriever", action="store_true", help="never start a retrieval server")
+    args, overrides = parser.parse_known_args(argv)
+    unknown = [o for o in overrides if o.startswith("--")]
+    if unknown:
+        parser.error(f"unknown option(s) {unknown}; Hydra overrides are written key=value")
+    return args, overrides
+
+
+def run(cmd: list[str], **kwargs) -> None:
+    print("+ " + shlex.join(cmd), flush=True)
+    subprocess.run(cmd, check=True, cwd=REPO, **kwargs)
+
+
+def ensure_data(data_dir: Path, qa_dir: Path) -> None:
+    """Write Search-R1 parquet files from the QA jsonl files unless they exist."""
+    if (data_dir / "train.parquet").exists() and (data_dir / "test.parquet").exists():
+        return
+    if not qa_dir.is_dir():
+        raise SystemExit(f"error: no {data_dir}/train.parquet and no QA folder {qa_dir} to build it from")
+    run([sys.executable, "scripts/data_process/nq_search.py", "--local_dir", str(data_dir),
+         "--input_dir", str(qa_dir)])
+
+
+def maybe_warm_start(overrides: list[str]) -> list[str]:
+    """Hook for the SFT warm start (issue 8): with ``WARM_START=1``, run the SFT step once (cached)
+    and start RL from its checkpoint. Returns the overrides, extended with the model path."""
+    if os.environ.get("WARM_START") != "1":
+        return overrides
+    script = REPO / "scripts" / "warm_start.py"
+    if not script.exists():
+        raise SystemExit("error: WARM_START=1 but scripts/warm_start.py (the SFT step) is not available")
+    out = REPO / "checkpoints" / "warm_start"
+    if not (out / "huggingface" / "config.json").exists():
+        run([sys.executable, str(script), "--output", str(out)])
+    return [*overrides, f"actor_rollout_ref.model.path={out / 'huggingface'}"]
+
+
+def retriever_answers(url: str, timeout: float = 3.0) -> bool:
+    body = json.dumps({"queries": ["test"], "topk": 1, "return_scores": False}).encode()
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return False
+
+
+def build_index(corpus: Path, index_dir: Path) -> None:
+    if (index_dir / "DONE").exists():
+        return
+    run([sys.executable, "-m", "search_r1.search.index_builder", "--retrieval_method", "bm25",
+         "--corpus_path", str(corpus), "--save_dir", str(index_dir)])
+    (index_dir / "DONE").write_text("ok\n")
+
+
+@contextmanager
+def local_retriever(args: argparse.Namespace):
+    """Start a BM25 retrieval server when none answers at the URL; stop it on exit."""
+    if args.no_retriever or retriever_answers(args.retriever_url):
+        yield
+        return
+    corpus = (REPO / args.corpus).resolve()
+    index_dir = Path(args.index_dir) if args.index_dir else corpus.with_suffix(".bm25")
+    build_index(corpus, index_dir)
+    parsed = urlparse(args.retriever_url)
+    cmd = [sys.executable, "-m", "search_r1.search.retrieval_server", "--retriever_name", "bm25",
+           "--index_path", str(index_dir), "--corpus_path", str(corpus), "--topk", "3",
+           "--host", parsed.hostname or "127.0.0.1", "--port", str(parsed.port or 8000)]
+    print("+ " + shlex.join(cmd) + " &", flush=True)
+    server = subprocess.Popen(cmd, cwd=REPO)
+    try:
+        _wait_for(args.retriever_url, server)
+        yield
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+
+
+def _wait_for(url: str, server: subprocess.Popen, timeout_s: float = 300.0) -> None:
+    deadline = time.time() + timeout_s
+    while not retriever_answers(url):
+        if server.poll() is not None:
+            raise SystemExit(f"error: the retrieval server exited with code {server.returncode}")
+        if time.time() > deadline:
+            raise SystemExit(f"error: no retriever answered at {url} after {timeout_s:.0f} s")
+        time.sleep(1.0)
+
+
+def main(argv=None) -> int:
+    args, overrides = parse_args(argv)
+    data_dir = REPO / args.data_dir
+    ensure_data(data_dir, REPO / args.qa_dir)
+    overrides = maybe_warm_start(overrides)
+    defaults = [f"data.train_files={data_dir / 'train.parquet'}", f"data.val_files={data_dir / 'test.parquet'}",
+                f"retriever.url={args.retriever_url}"]
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
+    with local_retriever(args):
+        cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *defaults, *overrides]
+        print("+ " + shlex.join(cmd), flush=True)
+        return subprocess.run(cmd, cwd=REPO).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

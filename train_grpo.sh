@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Search-R1 GRPO training (group-normalised outcome advantages, no critic, KL loss in the actor).
+#
+#   bash train_grpo.sh                         # no GPU: the embedded default (SmolLM2-135M, example/ data,
+#                                             # local BM25 retriever), a few steps on CPU
+#   N_GPUS=8 BASE_MODEL=Qwen/Qwen2.5-3B DATA_DIR=data/nq_search bash train_grpo.sh   # the paper's recipe
+#   bash train_grpo.sh trainer.total_training_steps=3   # any Hydra override passes through
+#
+# Variables (defaults: paper recipe on a GPU machine, embedded default otherwise):
+#   N_GPUS, BASE_MODEL, DATA_DIR, EXPERIMENT_NAME, RETRIEVER_URL, ROLLOUT_NAME, CKPT_DIR, WARM_START
+set -euo pipefail
+cd "$(dirname "$0")"
+export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
+export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+PYTHON=${PYTHON:-python}
+N_GPUS=${N_GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)}
+RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}
+
+if [ "${N_GPUS}" -gt 0 ]; then
+  # Paper recipe (Search-R1 train_grpo.sh: NQ+HotpotQA, 3B base model).
+  BASE_MODEL=${BASE_MODEL:-Qwen/Qwen2.5-3B}
+  DATA_DIR=${DATA_DIR:-data/nq_search}
+  EXPERIMENT_NAME=${EXPERIMENT_NAME:-nq-search-r1-grpo-$(basename "$BASE_MODEL" | tr 'A-Z' 'a-z')-em}
+  ARGS=(
+    trainer.n_gpus_per_node="$N_GPUS" actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-vllm}"
+    data.train_batch_size=512 data.val_batch_size=256
+    actor_rollout_ref.actor.ppo_mini_batch_size=256 actor_rollout_ref.actor.ppo_micro_batch_size=64
+    actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.285 actor_rollout_ref.rollout.n=5
+    trainer.total_epochs=15 trainer.total_training_steps=1005 trainer.save_freq=100 trainer.test_freq=50
+  )
+else
+  # Embedded default: small enough for 2 CPU cores in minutes.
+  BASE_MODEL=${BASE_MODEL:-$($PYTHON -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())')}
+  DATA_DIR=${DATA_DIR:-data/example_search}
+  EXPERIMENT_NAME=${EXPERIMENT_NAME:-example-grpo-smollm2}
+  ARGS=(
+    trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-hf}"
+    data.train_batch_size=2 actor_rollout_ref.rollout.n=4 data.val_batch_size=8 data.val_data_num=8
+    data.max_prompt_length=1024 data.max_start_length=256 data.max_response_length=48 data.max_obs_length=128
+    actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size=4
+    actor_rollout_ref.rollout.log_prob_micro_batch_size=4 actor_rollout_ref.ref.log_prob_micro_batch_size=4
+    critic.ppo_micro_batch_size=2
+    actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
+    critic.optim.lr=1e-5 critic.optim.lr_warmup_steps_ratio=0.0
+    actor_rollout_ref.model.enable_gradient_checkpointing=false
+    actor_rollout_ref.actor.fsdp_config.param_offload=false actor_rollout_ref.actor.fsdp_config.grad_offload=false
+    actor_rollout_ref.actor.fsdp_config.optimizer_offload=false actor_rollout_ref.ref.fsdp_config.param_offload=false
+    critic.model.fsdp_config.param_offload=false critic.model.fsdp_config.grad_offload=false
+    critic.model.fsdp_config.optimizer_offload=false
+    actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32 critic.model.fsdp_config.mixed_precision=fp32
+    actor_rollout_ref.rollout.dtype=float32
+    trainer.total_training_steps="${TOTAL_STEPS:-3}" trainer.save_freq=3 trainer.test_freq=3
+    trainer.val_before_train=false trainer.logger=[console,jsonl]
+  )
+fi
+
+exec $PYTHON scripts/quickstart.py --data-dir "$DATA_DIR" --retriever-url "$RETRIEVER_URL" \
+  algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false actor_rollout_ref.actor.use_kl_loss=true \
+  actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl \
+  actor_rollout_ref.model.path="$BASE_MODEL" \
+  trainer.experiment_name="$EXPERIMENT_NAME" trainer.default_local_dir="${CKPT_DIR:-checkpoints/$EXPERIMENT_NAME}" \
+  retriever.url="$RETRIEVER_URL" "${ARGS[@]}" "$@"
