@@ -43,7 +43,7 @@ def test_batch_arithmetic_names_numbers_from_command_line():
      "actor.ppo_micro_batch_size (12) is not divisible by data-parallel size (nnodes x n_gpus_per_node) (8)"),
     ({"actor_rollout_ref": {"actor": {"ppo_micro_batch_size": 48}}},
      "actor.ppo_mini_batch_size x rollout.n rows (256 x 1) (256) is not divisible by actor.ppo_micro_batch_size (48)"),
-    ({"critic": {"ppo_micro_batch_size": 3}}, "critic.ppo_micro_batch_size (3) is not divisible by data-parallel size (8)"),
+    ({"critic": {"ppo_micro_batch_size": 3}}, "critic.ppo_micro_batch_size (3) is not divisible by data-parallel size (nnodes x n_gpus_per_node) (8)"),
     ({"algorithm": {"adv_estimator": "grpo"}}, "algorithm.adv_estimator=grpo needs groups"),
     ({"actor_rollout_ref": {"rollout": {"name": "sglang"}}}, "actor_rollout_ref.rollout.name='sglang'"),
     ({"actor_rollout_ref": {"rollout": {"temperature": "hot"}}},
@@ -55,6 +55,12 @@ def test_check_config_names_culprit(overrides, message):
     with pytest.raises(ValueError) as error:
         check_config(cfg)
     assert message in str(error.value)
+
+
+def test_per_gpu_micro_batch_checked_against_rows():
+    cfg = OmegaConf.merge(load_default_config(), {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 5}}})
+    with pytest.raises(ValueError, match=r"actor.ppo_micro_batch_size_per_gpu x data-parallel size \(5 x 8\) \(40\)"):
+        check_config(cfg)
 
 
 def test_int_accepted_for_float_and_null_default_accepts_anything():

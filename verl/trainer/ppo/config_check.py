@@ -106,8 +106,19 @@ def _divides(errors: list, big_name: str, big: int, small_name: str, small: int)
         errors.append(f"{big_name} ({big}) is not divisible by {small_name} ({small})")
 
 
+def _check_micro(errors: list, name: str, rows: int, rows_name: str, micro_global, micro_per_gpu, dp: int) -> None:
+    """Rows of a mini-batch split into micro-batches of ``micro_per_gpu`` on each of ``dp`` ranks."""
+    if micro_per_gpu is not None:
+        _divides(errors, rows_name, rows, f"{name}_per_gpu x data-parallel size ({micro_per_gpu} x {dp})",
+                 int(micro_per_gpu) * dp)
+        return
+    _divides(errors, rows_name, rows, name, int(micro_global))
+    _divides(errors, name, int(micro_global), "data-parallel size (nnodes x n_gpus_per_node)", dp)
+
+
 def check_batch_sizes(cfg: DictConfig) -> None:
-    """Batch-size arithmetic (sizes in prompts unless named rows; micro-batches are global).
+    """Batch-size arithmetic. Sizes are in prompts (x ``rollout.n`` rows); ``*_micro_batch_size`` is
+    global (Search-R1) and ``*_micro_batch_size_per_gpu`` (veRL) takes precedence when set.
 
     Raises:
         ValueError: listing every pair of numbers that disagree.
@@ -116,22 +127,26 @@ def check_batch_sizes(cfg: DictConfig) -> None:
     n, dp = rollout_n(cfg), data_parallel_size(cfg)
     train = int(cfg.data.train_batch_size)
     actor = cfg.actor_rollout_ref.actor
-    mini, micro = int(actor.ppo_mini_batch_size), int(actor.ppo_micro_batch_size)
+    mini = int(actor.ppo_mini_batch_size)
     _divides(errors, "data.train_batch_size", train, "actor.ppo_mini_batch_size", mini)
+    _divides(errors, f"data.train_batch_size x rollout.n rows ({train} x {n})", train * n, "data-parallel size", dp)
     if not actor.use_dynamic_bsz:
-        _divides(errors, f"actor.ppo_mini_batch_size x rollout.n rows ({mini} x {n})", mini * n,
-                 "actor.ppo_micro_batch_size", micro)
-        _divides(errors, "actor.ppo_micro_batch_size", micro, "data-parallel size (nnodes x n_gpus_per_node)", dp)
-        for name in ("actor_rollout_ref.rollout.log_prob_micro_batch_size",
-                     "actor_rollout_ref.ref.log_prob_micro_batch_size"):
-            _divides(errors, name, int(OmegaConf.select(cfg, name)), "data-parallel size", dp)
+        _check_micro(errors, "actor.ppo_micro_batch_size", mini * n,
+                     f"actor.ppo_mini_batch_size x rollout.n rows ({mini} x {n})",
+                     actor.ppo_micro_batch_size, actor.ppo_micro_batch_size_per_gpu, dp)
+        for part in ("rollout", "ref"):
+            node = cfg.actor_rollout_ref[part]
+            if node.log_prob_micro_batch_size_per_gpu is None:
+                _divides(errors, f"{part}.log_prob_micro_batch_size", int(node.log_prob_micro_batch_size),
+                         "data-parallel size", dp)
     if needs_critic(cfg):
-        critic_mini, critic_micro = int(cfg.critic.ppo_mini_batch_size), int(cfg.critic.ppo_micro_batch_size)
+        critic = cfg.critic
+        critic_mini = int(critic.ppo_mini_batch_size)
         _divides(errors, "data.train_batch_size", train, "critic.ppo_mini_batch_size", critic_mini)
-        if not cfg.critic.use_dynamic_bsz:
-            _divides(errors, f"critic.ppo_mini_batch_size x rollout.n rows ({critic_mini} x {n})",
-                     critic_mini * n, "critic.ppo_micro_batch_size", critic_micro)
-            _divides(errors, "critic.ppo_micro_batch_size", critic_micro, "data-parallel size", dp)
+        if not critic.use_dynamic_bsz:
+            _check_micro(errors, "critic.ppo_micro_batch_size", critic_mini * n,
+                         f"critic.ppo_mini_batch_size x rollout.n rows ({critic_mini} x {n})",
+                         critic.ppo_micro_batch_size, critic.ppo_micro_batch_size_per_gpu, dp)
     if errors:
         raise ValueError("batch sizes disagree:\n  " + "\n  ".join(errors))
 
