@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import REPO, read_metrics, run_main, tiny_overrides, wait_for
+from .helpers import REPO, read_metrics, run_main, tiny_overrides, wait_for
 
 pytestmark = pytest.mark.slow
 
