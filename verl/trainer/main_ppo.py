@@ -10,14 +10,17 @@ from __future__ import annotations
 import sys
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.trainer.ppo.config_check import check_config
+from verl.trainer.ppo.config_check import check_config, rollout_n
 
 
 def run_ppo(cfg: DictConfig) -> dict:
     """Build the trainer and train (or only validate) on a checked config. Returns the last metrics."""
     OmegaConf.resolve(cfg)
+    with open_dict(cfg):
+        # Workers read rollout.n; Search-R1 scripts set n_agent instead.
+        cfg.actor_rollout_ref.rollout.n = rollout_n(cfg)
     from verl.trainer.ppo.trainer_setup import build_trainer
 
     trainer = build_trainer(cfg)
