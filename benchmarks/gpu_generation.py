@@ -1,0 +1,287 @@
+"""Generation throughput on one GPU: vLLM (the project's rollout engine) vs transformers ``generate``.
+
+For each model shape (Qwen2.5 architectures, **random weights**, see ``benchmarks/shapes.py``) and
+each batch of prompts (default 64/256/1024 prompts of ``--prompt_len`` random token ids), every row
+generates exactly ``--new_tokens`` tokens (``min_new_tokens == max_new_tokens`` for transformers,
+``min_tokens == max_tokens`` + ``ignore_eos`` for vLLM), so both engines do the same work. Greedy
+decoding by default. tokens/s = generated tokens / wall time of the whole ``generate`` call
+(prefill included).
+
+The decode bandwidth bound is ``batch / ((weight bytes + KV bytes at the mean context) / 4.8e12)``
+tokens/s (see :func:`benchmarks.shapes.decode_bound_tokens_per_s`), with the mean context
+``prompt_len + new_tokens / 2``; the report gives each measurement's fraction of it.
+
+Each configuration is time-boxed: a short probe (8 new tokens) projects the transformers run time
+and the run is skipped (with the projection in the JSON) when it would exceed
+``--hf_config_budget_s``; the whole script stops starting new work after ``--time_budget_s``. The
+JSON is rewritten after every configuration, so a run killed by an outer timeout keeps what it did.
+
+CPU smoke test: ``python benchmarks/gpu_generation.py --shapes tiny --batches 2,4 --prompt_len 16
+--new_tokens 8 --engines hf``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import save_report  # noqa: E402
+from benchmarks.shapes import build_random_model, decode_bound_tokens_per_s, get_shape, qwen2_config  # noqa: E402
+
+HBM_BYTES_PER_S = 4.8e12  # H200 HBM3e peak bandwidth
+PROBE_TOKENS = 8
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b", help="comma list from benchmarks/shapes.py")
+    parser.add_argument("--batches", default="64,256,1024", help="comma list of prompt counts")
+    parser.add_argument("--prompt_len", type=int, default=256)
+    parser.add_argument("--new_tokens", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--engines", default="hf,vllm", help="comma list of hf, vllm")
+    parser.add_argument("--hf_config_budget_s", type=float, default=45.0,
+                        help="skip a transformers config whose projected time exceeds this")
+    parser.add_argument("--time_budget_s", type=float, default=330.0,
+                        help="start no new configuration after this many seconds")
+    parser.add_argument("--vllm_mode", default="cudagraph", choices=["cudagraph", "compiled", "eager"],
+                        help="cudagraph: full decode CUDA graphs without torch.compile (fast start); "
+                             "compiled: vLLM's default torch.compile + graphs; eager: enforce_eager")
+    parser.add_argument("--gpu_memory_utilization", type=float, default=0.6)
+    parser.add_argument("--dtype", default=None, help="bfloat16 on GPU, float32 on CPU by default")
+    parser.add_argument("--out_dir", default=None, help="where the JSON goes (default benchmarks/results)")
+    parser.add_argument("--name", default="gpu_generation")
+    return parser.parse_args(argv)
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def random_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) -> torch.Tensor:
+    """``(batch, prompt_len)`` token ids drawn uniformly below the special tokens of the vocab."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, min(vocab_size - 1, 151_643), (batch, prompt_len), generator=gen)
+
+
+def bound_fields(shape, batch: int, args, tokens_per_s: float) -> dict:
+    bound = decode_bound_tokens_per_s(shape, batch, args.prompt_len + args.new_tokens / 2, HBM_BYTES_PER_S)
+    return {"bound_tokens_per_s": round(bound["bound_tokens_per_s"], 1),
+            "fraction_of_bound": round(tokens_per_s / bound["bound_tokens_per_s"], 4)}
+
+
+# ------------------------------------------------------------------ transformers generate
+def _hf_generate(model, prompts: torch.Tensor, new_tokens: int, temperature: float) -> tuple[float, int]:
+    """Run ``model.generate``; returns (seconds, generated tokens)."""
+    input_ids = prompts.to(model.device)
+    sampling = {"do_sample": False} if temperature == 0 else {"do_sample": True, "temperature": temperature,
+                                                              "top_p": 1.0, "top_k": 0}
+    _sync()
+    start = time.perf_counter()
+    with torch.no_grad():
+        out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids),
+                             max_new_tokens=new_tokens, min_new_tokens=new_tokens, use_cache=True,
+                             pad_token_id=model.config.pad_token_id, **sampling)
+    _sync()
+    seconds = time.perf_counter() - start
+    generated = out.shape[1] - input_ids.shape[1]
+    if generated != new_tokens:
+        raise RuntimeError(f"generate returned {generated} new tokens, expected {new_tokens}")
+    return seconds, prompts.shape[0] * generated
+
+
+def run_hf(shape, args, dtype, device, deadline: float) -> list[dict]:
+    """transformers ``generate`` (sdpa, KV cache) at every batch size; time-boxed per config."""
+    model = build_random_model(shape, dtype, device, attn_implementation="sdpa").eval()
+    results = []
+    for batch in args.batches:
+        row = {"engine": "transformers.generate", "batch": batch}
+        prompts = random_prompts(batch, args.prompt_len, shape.vocab_size)
+        if time.perf_counter() > deadline:
+            results.append({**row, "skipped": "script time budget (--time_budget_s) exhausted"})
+            continue
+        try:
+            probe_s, _ = _hf_generate(model, prompts, PROBE_TOKENS, args.temperature)  # also the warm-up
+            projected = probe_s * args.new_tokens / PROBE_TOKENS
+            if projected > args.hf_config_budget_s or time.perf_counter() + projected > deadline:
+                results.append({**row, "skipped": f"projected {projected:.1f} s > budget "
+                                f"(--hf_config_budget_s {args.hf_config_budget_s} or script deadline)",
+                                "projected_s": round(projected, 1)})
+                continue
+            _reset_peak()
+            seconds, tokens = _hf_generate(model, prompts, args.new_tokens, args.temperature)
+        except torch.OutOfMemoryError as err:
+            results.append({**row, "skipped": f"out of memory: {str(err)[:200]}"})
+            torch.cuda.empty_cache()
+            continue
+        tps = tokens / seconds
+        results.append({**row, "seconds": round(seconds, 3), "generated_tokens": tokens,
+                        "tokens_per_s": round(tps, 1), "peak_mem_gib": _peak_gib(), **bound_fields(shape, batch, args, tps)})
+        print(f"  hf   batch {batch:5d}: {tps:10.1f} tok/s ({seconds:.1f} s)", flush=True)
+    del model
+    _free()
+    return results
+
+
+def _reset_peak() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak_gib() -> float | None:
+    return round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None
+
+
+def _free() -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+# ------------------------------------------------------------------ vLLM
+def vllm_kwargs(args, max_batch: int) -> dict:
+    """Engine arguments for ``--vllm_mode`` (random 'dummy' weights, token ids in and out)."""
+    kwargs = {"load_format": "dummy", "skip_tokenizer_init": True, "dtype": args.dtype_name, "seed": 0,
+              "max_model_len": args.prompt_len + args.new_tokens + 16, "max_num_seqs": max_batch,
+              "gpu_memory_utilization": args.gpu_memory_utilization, "enable_prefix_caching": False}
+    if args.vllm_mode == "eager" or not torch.cuda.is_available():
+        kwargs["enforce_eager"] = True
+    elif args.vllm_mode == "cudagraph":
+        # No torch.compile (minutes per shape), but full CUDA graphs for the decode batches measured.
+        kwargs["compilation_config"] = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
+                                        "cudagraph_capture_sizes": sorted({1, 8, 32, *args.batches})}
+    return kwargs
+
+
+def _vllm_generate(llm, prompts: torch.Tensor, new_tokens: int, temperature: float) -> tuple[float, int]:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=new_tokens, min_tokens=new_tokens, ignore_eos=True, temperature=temperature,
+                            detokenize=False, seed=0)
+    requests = [TokensPrompt(prompt_token_ids=row) for row in prompts.tolist()]
+    start = time.perf_counter()
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    seconds = time.perf_counter() - start
+    counts = [len(o.outputs[0].token_ids) for o in outputs]
+    if min(counts) != new_tokens or max(counts) != new_tokens:
+        raise RuntimeError(f"vLLM generated between {min(counts)} and {max(counts)} tokens, expected {new_tokens}")
+    return seconds, sum(counts)
+
+
+def run_vllm(shape, shape_name: str, args, deadline: float) -> dict:
+    """vLLM engine over a config-only model folder (``load_format="dummy"``: random weights)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # any import failure means: not measurable here, say why
+        return {"engine": "vllm", "skipped": f"vllm does not import: {type(err).__name__}: {str(err)[:300]}"}
+    with tempfile.TemporaryDirectory(prefix=f"bench_{shape_name}_") as model_dir:
+        qwen2_config(shape).save_pretrained(model_dir)
+        kwargs = vllm_kwargs(args, max(args.batches))
+        start = time.perf_counter()
+        try:
+            from vllm import LLM
+
+            llm = LLM(model=model_dir, **kwargs)
+        except Exception as err:
+            return {"engine": "vllm", "skipped": f"engine construction failed: {type(err).__name__}: {str(err)[:400]}",
+                    "engine_kwargs": kwargs}
+        report = {"engine": "vllm", "version": vllm.__version__, "mode": args.vllm_mode, "engine_kwargs": kwargs,
+                  "construct_s": round(time.perf_counter() - start, 1), "runs": []}
+        _vllm_generate(llm, random_prompts(8, args.prompt_len, shape.vocab_size, seed=1), 16, args.temperature)
+        for batch in args.batches:
+            if time.perf_counter() > deadline:
+                report["runs"].append({"batch": batch, "skipped": "script time budget (--time_budget_s) exhausted"})
+                continue
+            seconds, tokens = _vllm_generate(llm, random_prompts(batch, args.prompt_len, shape.vocab_size),
+                                             args.new_tokens, args.temperature)
+            tps = tokens / seconds
+            report["runs"].append({"batch": batch, "seconds": round(seconds, 3), "generated_tokens": tokens,
+                                   "tokens_per_s": round(tps, 1), **bound_fields(shape, batch, args, tps)})
+            print(f"  vllm batch {batch:5d}: {tps:10.1f} tok/s ({seconds:.1f} s)", flush=True)
+        _shutdown(llm)
+    return report
+
+
+def _shutdown(llm) -> None:
+    """Stop the engine so its GPU memory is free for the next shape."""
+    try:
+        llm.llm_engine.engine_core.shutdown()
+    except Exception:  # older/newer engines shut down on garbage collection instead
+        pass
+    del llm
+    _free()
+
+
+def project_engine_note() -> str:
+    """Whether the project's vLLM rollout engine module exists (it drives the same ``vllm.LLM``)."""
+    import importlib.util
+
+    if importlib.util.find_spec("verl.workers.rollout.vllm_rollout") is None:
+        return "verl/workers/rollout/vllm_rollout.py not present: vllm.LLM measured directly"
+    return ("vllm.LLM measured directly with the engine arguments the project's vllm_rollout uses "
+            "(dummy weights, token-id prompts), not through its weight-sync wrapper")
+
+
+# ------------------------------------------------------------------ report
+def goals(shapes: dict) -> dict:
+    """Ratios against the issue's goals: vLLM >= 3x generate at batch 256, >= 25% of bound (1.5B)."""
+    out = {}
+    for name, res in shapes.items():
+        hf = {r["batch"]: r for r in res.get("hf", []) if "tokens_per_s" in r}
+        vl = {r["batch"]: r for r in res.get("vllm", {}).get("runs", []) if "tokens_per_s" in r}
+        entry = {}
+        if 256 in hf and 256 in vl:
+            entry["vllm_over_generate_at_256"] = round(vl[256]["tokens_per_s"] / hf[256]["tokens_per_s"], 2)
+            entry["goal_3x_met"] = entry["vllm_over_generate_at_256"] >= 3.0
+        if 256 in vl:
+            entry["vllm_fraction_of_bound_at_256"] = vl[256]["fraction_of_bound"]
+            entry["goal_25pct_bound_met"] = vl[256]["fraction_of_bound"] >= 0.25
+        out[name] = entry
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    args.batches = [int(b) for b in args.batches.split(",")]
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.dtype_name = args.dtype or ("bfloat16" if device == "cuda" else "float32")
+    dtype = getattr(torch, args.dtype_name)
+    engines = set(args.engines.split(","))
+    deadline = time.perf_counter() + args.time_budget_s
+    report = {"benchmark": "generation", "weights": "random init (no pretrained weights; throughput only)",
+              "device": device, "dtype": args.dtype_name, "prompt_len": args.prompt_len,
+              "new_tokens": args.new_tokens, "batches": args.batches, "temperature": args.temperature,
+              "hbm_bytes_per_s": HBM_BYTES_PER_S,
+              "bound_formula": "batch / ((matmul_params*2 + batch*(prompt_len+new_tokens/2)*kv_bytes_per_token) / 4.8e12)",
+              "tokens_per_s_includes_prefill": True, "shapes": {}}
+    for name in args.shapes.split(","):
+        shape = get_shape(name)
+        print(f"shape {name}: {shape}", flush=True)
+        entry = report["shapes"][name] = {"config": shape.as_dict()}
+        if "hf" in engines:
+            entry["hf"] = run_hf(shape, args, dtype, device, deadline)
+            save_report(args.name, report, args.out_dir, quiet=True)
+        if "vllm" in engines:
+            entry["vllm"] = run_vllm(shape, name, args, deadline)
+            entry["vllm"]["project_engine"] = project_engine_note()
+            save_report(args.name, report, args.out_dir, quiet=True)
+    report["goals"] = goals(report["shapes"])
+    save_report(args.name, report, args.out_dir)
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Training throughput and MFU of the project's PPO actor update on one GPU.
+
+For each model shape (Qwen2.5 architectures, **random weights**, see ``benchmarks/shapes.py``) one
+batch of ``--rows`` rows is built with a realistic length spread:
+
+* prompts: lengths uniform in ``[--prompt_min, --prompt_max]`` (default 200-300 tokens), left padded;
+* responses: lognormal lengths with median ``--resp_median`` (120) and sigma ``--resp_sigma`` (0.8),
+  clipped to ``[--resp_min, --resp_max]`` (20-500), right padded. This mimics Search-R1 rollouts:
+  most answers are short, a tail of multi-turn trajectories runs to the 500-token cap.
+
+Three configurations run on the same batch, each one warm-up step then ``--steps`` timed steps:
+
+* ``actor_packed``: ``DataParallelPPOActor.update_policy`` (verl/workers/actor/dp_actor.py) on an
+  FSDP2 model (verl/utils/fsdp_utils.apply_fsdp2, a world of one rank: nccl on GPU, gloo on CPU;
+  bf16 params / fp32 reduce on GPU), gradient checkpointing, AdamW, ``use_remove_padding=True``
+  with ``use_dynamic_bsz`` micro-batches of at most ``--max_token_len`` tokens;
+* ``actor_padded``: the same with ``use_remove_padding=False`` and ``--micro_rows`` rows per
+  micro-batch (padded to the batch's longest prompt + response);
+* ``baseline_padded``: a plain transformers loop on the same padded micro-batches: fp32 weights,
+  ``torch.autocast(bf16)`` on GPU, gradient checkpointing, token-mean cross-entropy on response
+  tokens, AdamW step.
+
+tokens/s counts valid (non-padding) tokens. MFU = useful FLOPs / time / 989e12 (H200 dense bf16),
+with useful FLOPs = ``6 * matmul_params * tokens + sum_rows 6 * L * d_attn * s^2`` (causal attention,
+forward + backward; see :func:`benchmarks.shapes.train_flops`); padding and checkpoint recomputation
+are not counted. Peak memory is ``torch.cuda.max_memory_allocated`` during the timed steps.
+
+CPU smoke test: ``python benchmarks/gpu_train.py --shapes tiny --rows 8 --prompt_min 8 --prompt_max 12
+--resp_min 2 --resp_max 20 --resp_median 8 --max_token_len 128 --micro_rows 4 --steps 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from benchmarks.common import save_report  # noqa: E402
+from benchmarks.shapes import build_random_model, get_shape, train_flops  # noqa: E402
+
+PEAK_BF16_FLOPS = 989e12  # H200 dense bf16 tensor-core peak
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
+    parser.add_argument("--configs", default="actor_packed,actor_padded,baseline_padded")
+    parser.add_argument("--rows", type=int, default=256)
+    parser.add_argument("--prompt_min", type=int, default=200)
+    parser.add_argument("--prompt_max", type=int, default=300)
+    parser.add_argument("--resp_min", type=int, default=20)
+    parser.add_argument("--resp_max", type=int, default=500)
+    parser.add_argument("--resp_median", type=float, default=120.0)
+    parser.add_argument("--resp_sigma", type=float, default=0.8)
+    parser.add_argument("--max_token_len", type=int, default=16384, help="packed micro-batch token budget")
+    parser.add_argument("--micro_rows", type=int, default=16, help="rows per padded micro-batch")
+    parser.add_argument("--steps", type=int, default=2, help="timed updates after one warm-up update")
+    parser.add_argument("--attn", default="sdpa", help="attn_implementation (sdpa, flex_attention, ...)")
+    parser.add_argument("--time_budget_s", type=float, default=300.0,
+                        help="start no new configuration after this many seconds")
+    parser.add_argument("--out_dir", default=None)
+    parser.add_argument("--name", default="gpu_train")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+# ------------------------------------------------------------------ batch
+def sample_lengths(args) -> tuple[np.ndarray, np.ndarray]:
+    """Prompt and response lengths ``(rows,)`` (see the module docstring for the distribution)."""
+    rng = np.random.default_rng(args.seed)
+    prompt = rng.integers(args.prompt_min, args.prompt_max + 1, size=args.rows)
+    resp = rng.lognormal(np.log(args.resp_median), args.resp_sigma, size=args.rows)
+    resp = np.clip(np.round(resp), args.resp_min, args.resp_max).astype(int)
+    return prompt, resp
+
+
+def build_batch(prompt_lens: np.ndarray, resp_lens: np.ndarray, vocab_size: int, seed: int = 0) -> dict:
+    """Left-padded prompts + right-padded responses in the DataProto layout of docs/architecture.md.
+
+    Returns tensors ``input_ids``, ``attention_mask``, ``position_ids`` ``(B, T)``, ``responses``,
+    ``response_mask``, ``old_log_probs``, ``advantages`` ``(B, R)``.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    rows, p_max, r_max = len(prompt_lens), int(prompt_lens.max()), int(resp_lens.max())
+    input_ids = torch.randint(0, vocab_size - 1, (rows, p_max + r_max), generator=gen)
+    pos = torch.arange(p_max + r_max)
+    prompt_valid = pos[None, :p_max] >= (p_max - torch.as_tensor(prompt_lens))[:, None]
+    resp_valid = pos[None, :r_max] < torch.as_tensor(resp_lens)[:, None]
+    attention_mask = torch.cat([prompt_valid, resp_valid], dim=1).long()
+    response_mask = resp_valid.float()
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": input_ids[:, p_max:], "response_mask": response_mask,
+            # a random model is near uniform: old log-probs ~ -log(V) keep PPO ratios near 1
+            "old_log_probs": torch.full((rows, r_max), -float(np.log(vocab_size))) * response_mask,
+            "advantages": torch.randn(rows, r_max, generator=gen) * response_mask}
+
+
+# ------------------------------------------------------------------ configurations
+def actor_config(args, packed: bool) -> dict:
+    return {"ppo_mini_batch_size": args.rows, "ppo_micro_batch_size_per_gpu": args.micro_rows,
+            "use_dynamic_bsz": packed, "ppo_max_token_len_per_gpu": args.max_token_len,
+            "use_remove_padding": packed, "ppo_epochs": 1, "shuffle": False, "grad_clip": 1.0,
+            "clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
+            "entropy_coeff": 0.001, "loss_agg_mode": "token-mean", "use_kl_loss": False,
+            "tis_imp_ratio_cap": -1.0, "policy_loss": {"loss_mode": "vanilla"}}
+
+
+def _model(shape, args):
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = build_random_model(shape, torch.float32, device, attn_implementation=args.attn, seed=args.seed)
+    # as verl.utils.fsdp_utils._finish_model: non-reentrant checkpointing works with FSDP2
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.config.use_cache = False
+    return model.train()
+
+
+def make_actor_step(shape, args, batch: dict, packed: bool):
+    """One ``update_policy`` call of the real actor on an FSDP2-wrapped model."""
+    from verl.protocol import DataProto
+    from verl.utils.fsdp_utils import apply_fsdp2
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+    model = apply_fsdp2(_model(shape, args))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    actor = DataParallelPPOActor(actor_config(args, packed), model, optimizer)
+    device = next(model.parameters()).device
+    data = DataProto.from_dict(tensors={k: v.to(device) for k, v in batch.items()}, meta_info={"temperature": 1.0})
+    return (lambda: actor.update_policy(data)), (model, optimizer, actor, data)
+
+
+def make_baseline_step(shape, args, batch: dict):
+    """A plain transformers forward/backward/AdamW loop over padded micro-batches of the same rows."""
+    model = _model(shape, args)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    device = next(model.parameters()).device
+    tensors = {k: batch[k].to(device) for k in ("input_ids", "attention_mask", "position_ids", "response_mask")}
+    resp_len = tensors["response_mask"].shape[1]
+    total_tokens = tensors["response_mask"].sum()
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, args.rows, args.micro_rows):
+            micro = {k: v[start:start + args.micro_rows] for k, v in tensors.items()}
+            with autocast:
+                logits = model(input_ids=micro["input_ids"], attention_mask=micro["attention_mask"],
+                               position_ids=micro["position_ids"], use_cache=False).logits
+            logits = logits[:, -resp_len - 1:-1].float()
+            targets = micro["input_ids"][:, -resp_len:]
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1),
+                                                    reduction="none").view_as(targets)
+            ((nll * micro["response_mask"]).sum() / total_tokens).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    return step, (model, optimizer)
+
+
+# ------------------------------------------------------------------ measurement
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def measure(step, steps: int, flops: dict) -> dict:
+    """Warm-up once, then time ``steps`` calls; tokens/s, MFU and peak memory."""
+    step()
+    _sync()
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    _sync()
+    seconds = (time.perf_counter() - start) / steps
+    return {"seconds_per_update": round(seconds, 4), "tokens_per_update": flops["tokens"],
+            "tokens_per_s": round(flops["tokens"] / seconds, 1),
+            "achieved_tflops": round(flops["total_flops"] / seconds / 1e12, 3),
+            "mfu": round(flops["total_flops"] / seconds / PEAK_BF16_FLOPS, 4),
+            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None}
+
+
+def run_config(name: str, shape, args, batch: dict, flops: dict) -> dict:
+    if name == "baseline_padded":
+        step, keep = make_baseline_step(shape, args, batch)
+    elif name in ("actor_packed", "actor_padded"):
+        step, keep = make_actor_step(shape, args, batch, packed=name == "actor_packed")
+    else:
+        raise ValueError(f"unknown config {name!r}; expected actor_packed, actor_padded or baseline_padded")
+    try:
+        return measure(step, args.steps, flops)
+    except torch.OutOfMemoryError as err:
+        return {"skipped": f"out of memory: {str(err)[:200]}"}
+    finally:
+        del step, keep
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def goals(shapes: dict) -> dict:
+    """The issue's goals: MFU >= 40% packed (1.5B), packed >= 1.5x the padded baseline's tokens/s."""
+    out = {}
+    for name, res in shapes.items():
+        runs, entry = res["runs"], {}
+        packed, base = runs.get("actor_packed", {}), runs.get("baseline_padded", {})
+        if "mfu" in packed:
+            entry["packed_mfu"] = packed["mfu"]
+            entry["goal_mfu_40pct_met"] = packed["mfu"] >= 0.40
+        if "tokens_per_s" in packed and "tokens_per_s" in base:
+            entry["packed_over_baseline"] = round(packed["tokens_per_s"] / base["tokens_per_s"], 2)
+            entry["goal_1_5x_met"] = entry["packed_over_baseline"] >= 1.5
+        out[name] = entry
+    return out
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    deadline = time.perf_counter() + args.time_budget_s
+    prompt_lens, resp_lens = sample_lengths(args)
+    report = {"benchmark": "train_update_actor", "weights": "random init (no pretrained weights; throughput only)",
+              "device": "cuda" if torch.cuda.is_available() else "cpu", "rows": args.rows, "attn": args.attn,
+              "max_token_len": args.max_token_len, "micro_rows": args.micro_rows, "steps": args.steps,
+              "length_distribution": {
+                  "prompt": f"uniform integer [{args.prompt_min}, {args.prompt_max}]",
+                  "response": f"lognormal(median {args.resp_median}, sigma {args.resp_sigma}) "
+                              f"clipped to [{args.resp_min}, {args.resp_max}]",
+                  "prompt_mean": float(prompt_lens.mean()), "response_mean": float(resp_lens.mean()),
+                  "response_p50_p90_max": [int(np.percentile(resp_lens, 50)), int(np.percentile(resp_lens, 90)),
+                                           int(resp_lens.max())],
+                  "padding_fraction": round(1 - float((prompt_lens + resp_lens).sum())
+                                            / (args.rows * (prompt_lens.max() + resp_lens.max())), 4)},
+              "peak_flops": PEAK_BF16_FLOPS,
+              "flops_formula": "6*matmul_params*valid_tokens + sum_rows 6*L*num_heads*head_dim*len^2 (causal attn, fwd+bwd)",
+              "shapes": {}}
+    for shape_name in args.shapes.split(","):
+        shape = get_shape(shape_name)
+        batch = build_batch(prompt_lens, resp_lens, shape.vocab_size, args.seed)
+        flops = train_flops(shape, [int(p + r) for p, r in zip(prompt_lens, resp_lens)])
+        entry = report["shapes"][shape_name] = {"config": shape.as_dict(), "flops_per_update": flops, "runs": {}}
+        for config in args.configs.split(","):
+            if time.perf_counter() > deadline:
+                entry["runs"][config] = {"skipped": "script time budget (--time_budget_s) exhausted"}
+                continue
+            print(f"shape {shape_name} config {config} ...", flush=True)
+            entry["runs"][config] = result = run_config(config, shape, args, batch, flops)
+            print(f"  {result}", flush=True)
+            save_report(args.name, report, args.out_dir, quiet=True)
+    report["goals"] = goals(report["shapes"])
+    save_report(args.name, report, args.out_dir)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return report
+
+
+if __name__ == "__main__":
+    main()
