@@ -1,0 +1,38 @@
+"""Parse the action a model wrote in one turn: ``<search>q</search>`` or ``<answer>a</answer>``.
+
+The first *complete* tag pair in the turn's new text wins (Search-R1's regex
+``<(search|answer)>(.*?)</\\1>`` with DOTALL). Unlike Search-R1, an empty or whitespace-only query
+is an invalid action (the model gets the corrective message instead of an empty retrieval).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
+STOP_STRINGS = ("</search>", "</answer>")
+
+
+@dataclass(frozen=True)
+class Action:
+    """``kind`` is ``"search"``, ``"answer"`` or ``None`` (invalid); ``content`` is stripped."""
+
+    kind: Literal["search", "answer"] | None
+    content: str = ""
+
+    @property
+    def valid(self) -> bool:
+        return self.kind is not None
+
+
+def parse_action(text: str) -> Action:
+    """The first complete ``<search>``/``<answer>`` pair of ``text``; empty queries are invalid."""
+    match = ACTION_RE.search(text)
+    if match is None:
+        return Action(None)
+    kind, content = match.group(1), match.group(2).strip()
+    if kind == "search" and not content:
+        return Action(None)
+    return Action(kind, content)  # type: ignore[arg-type]

