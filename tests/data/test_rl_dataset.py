@@ -1,0 +1,121 @@
+"""RLHFDataset with real tokenizers: chat template, left padding, position ids, overlong prompts."""
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+
+def check_item(item, tokenizer, length):
+    ids = item["raw_prompt_ids"]
+    assert isinstance(ids, list) and all(isinstance(i, int) for i in ids)
+    num_pad = length - len(ids)
+    assert item["input_ids"].shape == (length,)
+    assert item["input_ids"][num_pad:].tolist() == ids
+    assert item["input_ids"][:num_pad].tolist() == [tokenizer.pad_token_id] * num_pad
+    assert item["attention_mask"].tolist() == [0] * num_pad + [1] * len(ids)
+    assert item["position_ids"].tolist() == [0] * num_pad + list(range(len(ids)))
+
+
+@pytest.mark.parametrize("tokenizer_name", ["qwen_tokenizer", "smollm2_tokenizer"])
+def test_left_padding_and_chat_template(processed_example, tokenizer_name, request):
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    dataset = RLHFDataset(processed_example / "test.parquet", tokenizer,
+                          {"data": {"max_prompt_length": 400, "return_raw_chat": True}})
+    assert len(dataset) == 210 and dataset.num_filtered == 0
+    item = dataset[0]
+    check_item(item, tokenizer, 400)
+    text = tokenizer.decode(item["raw_prompt_ids"])
+    expected = tokenizer.apply_chat_template(item["raw_prompt"], add_generation_prompt=True,
+                                             tokenize=False)
+    assert text == expected and text.endswith("<|im_start|>assistant\n")
+    assert item["data_source"] == "nq" and item["uid"] == "nq-test-0" and item["index"] == 0
+    assert item["reward_model"]["ground_truth"]["target"]
+
+
+def test_pad_equal_to_eos_is_still_attended(processed_example, smollm2_tokenizer):
+    """SmolLM2: pad == eos == <|im_end|>, which also ends the user turn inside every prompt."""
+    tokenizer = smollm2_tokenizer
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id
+    item = RLHFDataset(processed_example / "train.parquet", tokenizer, max_prompt_length=400)[0]
+    ids = item["input_ids"][item["attention_mask"].bool()]
+    assert (ids == tokenizer.pad_token_id).sum() >= 1     # the real <|im_end|> is attended
+    assert int(item["attention_mask"].sum()) == len(item["raw_prompt_ids"])
+
+
+def test_raw_text_without_chat_template(processed_example, qwen_tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(qwen_tokenizer)
+    tokenizer.chat_template = None
+    dataset = RLHFDataset([processed_example / "test.parquet"], tokenizer, max_prompt_length=300)
+    text = tokenizer.decode(dataset[0]["raw_prompt_ids"])
+    assert text.startswith("Answer the given question.") and text.endswith("?\n")
+
+
+def test_collate_to_dataproto(processed_example, qwen_tokenizer):
+    dataset = RLHFDataset(processed_example / "train.parquet", qwen_tokenizer, max_prompt_length=300)
+    batch = collate_fn([dataset[i] for i in (0, 1, 400)])
+    assert batch["input_ids"].shape == (3, 300) and batch["input_ids"].dtype == torch.long
+    assert batch["raw_prompt_ids"].dtype == object and batch["raw_prompt_ids"].shape == (3,)
+    assert isinstance(batch["raw_prompt_ids"][0], list)
+    assert list(batch["data_source"]) == ["nq", "nq", "hotpotqa"]
+    data = DataProto.from_single_dict(batch)
+    assert len(data) == 3 and set(data.batch.keys()) == {"input_ids", "attention_mask", "position_ids"}
+    assert len(set(data.non_tensor_batch["uid"])) == 3
+
+
+def write_rows(path, questions):
+    rows = [{"data_source": "nq", "prompt": [{"role": "user", "content": q}],
+             "ability": "fact-reasoning",
+             "reward_model": {"style": "rule", "ground_truth": {"target": ["x"]}},
+             "extra_info": {"split": "train", "index": i, "uid": f"nq-train-{i}"}}
+            for i, q in enumerate(questions)]
+    pq.write_table(pa.Table.from_pylist(rows), path)
+
+
+def test_overlong_prompts_filtered_with_log(tmp_path, qwen_tokenizer, caplog):
+    path = tmp_path / "d.parquet"
+    write_rows(path, ["short question?", "long " * 200, "another short one?", "long " * 300])
+    with caplog.at_level(logging.WARNING):
+        dataset = RLHFDataset(path, qwen_tokenizer, max_prompt_length=64)
+    assert len(dataset) == 2 and dataset.num_filtered == 2
+    assert [dataset[i]["uid"] for i in range(2)] == ["nq-train-0", "nq-train-2"]
+    assert "filtered 2 of 4" in caplog.text and "nq-train-1" in caplog.text
+
+
+def test_overlong_prompt_raises_when_filter_off(tmp_path, qwen_tokenizer):
+    path = tmp_path / "d.parquet"
+    write_rows(path, ["short question?", "long " * 200])
+    with pytest.raises(ValueError, match=r"row 1 \(uid nq-train-1\).*max_prompt_length=64"):
+        RLHFDataset(path, qwen_tokenizer, {"filter_overlong_prompts": False, "max_prompt_length": 64})
+    with pytest.raises(ValueError, match="truncation"):
+        RLHFDataset(path, qwen_tokenizer, truncation="left")
+
+
+def test_missing_file_and_column(tmp_path, qwen_tokenizer):
+    with pytest.raises(FileNotFoundError, match="nothere.parquet"):
+        RLHFDataset(tmp_path / "nothere.parquet", qwen_tokenizer)
+    path = tmp_path / "d.parquet"
+    write_rows(path, ["q?"])
+    with pytest.raises(ValueError, match=r"d.parquet: no column 'question'"):
+        RLHFDataset(path, qwen_tokenizer, prompt_key="question")
+
+
+def test_pad_token_set_when_missing(tmp_path, smollm2_tokenizer):
+    import copy
+
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.pad_token = None
+    path = tmp_path / "d.parquet"
+    write_rows(path, ["q?"])
+    item = RLHFDataset(path, tokenizer, max_prompt_length=128)[0]
+    assert tokenizer.pad_token == tokenizer.eos_token
+    assert int(item["attention_mask"].sum()) == len(item["raw_prompt_ids"])
+    assert np.all(item["input_ids"][:10].numpy() == tokenizer.eos_token_id)
