@@ -52,31 +52,40 @@ def compute_data_metrics(batch, use_critic: bool) -> dict[str, float]:
     return metrics
 
 
+def row_stat(batch, key: str) -> np.ndarray | None:
+    """A per-row statistic of the generation manager as floats, from the tensors or the non-tensors."""
+    if batch.batch is not None and key in batch.batch.keys():
+        return batch.batch[key].float().numpy()
+    if key in batch.non_tensor_batch:
+        return batch.non_tensor_batch[key].astype(float)
+    return None
+
+
 def _clip_ratio(batch, response_length: torch.Tensor, response_width: int) -> float:
     """Share of rows cut by the length budget (the manager's ``truncated`` flag when it gives one)."""
-    if "truncated" in batch.non_tensor_batch:
-        return float(np.mean(batch.non_tensor_batch["truncated"].astype(float)))
+    truncated = row_stat(batch, "truncated")
+    if truncated is not None:
+        return float(truncated.mean())
     return (response_length >= response_width).float().mean().item()
 
 
 def compute_env_metrics(batch, prefix: str = "env") -> dict[str, float]:
     """Search-R1's environment statistics from per-row ``turns``, ``valid_action``, ``valid_search``,
     ``finished`` (as the generation manager reports them)."""
-    fields = batch.non_tensor_batch
+    turns, valid = row_stat(batch, "turns"), row_stat(batch, "valid_action")
+    searches, finished = row_stat(batch, "valid_search"), row_stat(batch, "finished")
     metrics = {}
-    if "turns" in fields:
-        turns = fields["turns"].astype(float)
+    if turns is not None:
         metrics.update({f"{prefix}/number_of_actions/mean": turns.mean(),
                         f"{prefix}/number_of_actions/max": turns.max(),
                         f"{prefix}/number_of_actions/min": turns.min()})
-        if "valid_action" in fields:
-            valid = fields["valid_action"].astype(float)
+        if valid is not None:
             metrics[f"{prefix}/number_of_valid_action"] = valid.mean()
             metrics[f"{prefix}/ratio_of_valid_action"] = float((valid / np.maximum(turns, 1)).mean())
-    if "valid_search" in fields:
-        metrics[f"{prefix}/number_of_valid_search"] = fields["valid_search"].astype(float).mean()
-    if "finished" in fields:
-        metrics[f"{prefix}/finish_ratio"] = fields["finished"].astype(float).mean()
+    if searches is not None:
+        metrics[f"{prefix}/number_of_valid_search"] = searches.mean()
+    if finished is not None:
+        metrics[f"{prefix}/finish_ratio"] = finished.mean()
     return {k: float(v) for k, v in metrics.items()}
 
 
@@ -130,7 +139,7 @@ def reduce_worker_metrics(metrics: dict) -> dict[str, float]:
 
 def compute_validation_metrics(data_sources: list[str], scores: list[float],
                                env: list[dict[str, float]]) -> dict[str, float]:
-    """``val/test_score/<data_source>`` means, plus ``val/env/*`` search statistics (row-weighted)."""
+    """``val/test_score/<data_source>`` means, plus ``val/env/*`` search statistics (mean over batches)."""
     by_source = defaultdict(list)
     for source, score in zip(data_sources, scores):
         by_source[str(source)].append(score)

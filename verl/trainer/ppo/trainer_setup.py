@@ -72,13 +72,23 @@ def total_training_steps(cfg: DictConfig, batches_per_epoch: int) -> int:
     return int(cfg.trainer.total_epochs) * batches_per_epoch
 
 
+def response_width(cfg: DictConfig) -> int:
+    """Width R of the trajectory tensors: every turn's tokens plus every observation.
+
+    ``data.max_response_length`` is per turn (Search-R1's meaning); a trajectory has up to
+    ``max_turns + 1`` generations and ``max_turns`` observations.
+    """
+    turns = int(cfg.max_turns)
+    return int(cfg.data.max_response_length) * (turns + 1) + int(cfg.data.max_obs_length) * turns
+
+
 def build_generation_manager(cfg: DictConfig, tokenizer, engine):
     from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
     from search_r1.search.client import RetrieverClient
 
     gen_config = GenerationConfig(
         max_turns=int(cfg.max_turns), max_start_length=int(cfg.data.max_start_length),
-        max_prompt_length=int(cfg.data.max_prompt_length), max_response_length=int(cfg.data.max_response_length),
+        max_prompt_length=int(cfg.data.max_prompt_length), max_response_length=response_width(cfg),
         max_obs_length=int(cfg.data.max_obs_length), do_search=bool(cfg.do_search))
     retriever = RetrieverClient(cfg.retriever.url, topk=int(cfg.retriever.topk), timeout=float(cfg.retriever.timeout),
                                 max_retries=int(cfg.retriever.max_retries)) if cfg.do_search else None

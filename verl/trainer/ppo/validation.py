@@ -13,7 +13,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from verl.trainer.ppo.metric_utils import compute_env_metrics, compute_validation_metrics
+from verl.trainer.ppo.metric_utils import compute_env_metrics, compute_validation_metrics, row_stat
 
 
 def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer,
@@ -56,8 +56,9 @@ def _records(batch, scores: list[float], sources: list[str], tokenizer) -> list[
         if "reward_model" in fields:
             record["ground_truth"] = _jsonable(fields["reward_model"][row].get("ground_truth"))
         for key in ("turns", "valid_search", "finished"):
-            if key in fields:
-                record[key] = _jsonable(fields[key][row])
+            values = row_stat(batch, key)
+            if values is not None:
+                record[key] = int(values[row])
         records.append(record)
     return records
 
