@@ -1,0 +1,70 @@
+"""Shared fixtures: SmolLM2 (pad == eos), a real BM25 retriever server, and the two engines."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from verl.utils.model_zoo import smollm2_dir
+    return smollm2_dir()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def retriever_server(tmp_path_factory):
+    """A real retrieval server (BM25 over the example corpus) on 127.0.0.1."""
+    from search_r1.search.index_builder import build_bm25
+    from search_r1.search.launcher import launch_server
+
+    corpus = str(REPO / "example" / "corpus.jsonl")
+    index_dir = str(tmp_path_factory.mktemp("bm25"))
+    index_dir = build_bm25(corpus, index_dir)
+    server = launch_server(["--retriever_name", "bm25", "--index_path", index_dir, "--corpus_path", corpus],
+                           startup_timeout=120)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def retriever(retriever_server):
+    from search_r1.search.client import RetrieverClient
+    return RetrieverClient(retriever_server.retrieve_url, topk=2, timeout=10.0, max_retries=1)
+
+
+@pytest.fixture(scope="session")
+def hf_engine(smollm2_path, tokenizer):
+    from verl.workers.rollout.hf_rollout import HFRolloutEngine
+    return HFRolloutEngine(tokenizer, model_path=smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(smollm2_path, tokenizer):
+    """One in-process vLLM engine for the whole session (construction costs ~10 s)."""
+    from verl.workers.rollout import build_rollout_engine
+    return build_rollout_engine({"name": "vllm", "dtype": "float32", "max_model_len": 1024,
+                                 "kv_cache_space_gib": 1}, smollm2_path, tokenizer)
+
+
+def chat_prompt(tokenizer, question: str, assistant_prefix: str = "") -> list[int]:
+    """Search-R1 prompt for ``question`` with the chat template, plus a forced assistant prefix."""
+    from search_r1.prompts import make_prefix
+    text = tokenizer.apply_chat_template([{"role": "user", "content": make_prefix(question)}],
+                                         tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text + assistant_prefix, add_special_tokens=False)

@@ -1,0 +1,150 @@
+"""Bookkeeping of the search loop: real tokenizer, real retriever server, scripted engine."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+from search_r1.llm_agent.observation import ObservationEncoder
+from search_r1.prompts import INVALID_ACTION_MESSAGE
+from verl.protocol import DataProto
+from verl.workers.rollout.base import SamplingParams
+
+from tests.rollout.scripted import ScriptedEngine
+
+PARAMS = SamplingParams(temperature=0, max_tokens=64)
+
+
+def make_batch(tokenizer, questions):
+    prompts = [tokenizer.encode(f"Question: {q}\n", add_special_tokens=False) for q in questions]
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return prompts, DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask})
+
+
+def run(tokenizer, retriever, scripts, **config):
+    prompts, batch = make_batch(tokenizer, [f"q{i}" for i in range(len(scripts))])
+    engine = ScriptedEngine(tokenizer, prompts, scripts)
+    cfg = GenerationConfig(**{"max_turns": 2, "max_response_length": 400, "max_obs_length": 200, **config})
+    manager = LLMGenerationManager(tokenizer, engine, cfg, retriever)
+    return prompts, engine, manager.run_llm_loop(batch, PARAMS)
+
+
+def response_text(tokenizer, out, row, masked=None):
+    mask = out.batch["response_mask"][row].bool()
+    real = out.batch["attention_mask"][row, out.batch["prompts"].shape[1]:].bool()
+    keep = real if masked is None else (real & (mask if masked else ~mask))
+    return tokenizer.decode(out.batch["responses"][row][keep])
+
+
+def test_answer_in_first_turn(tokenizer, retriever):
+    _, engine, out = run(tokenizer, retriever, [["<think>easy</think><answer> Paris </answer>"]])
+    assert len(engine.calls) == 2  # the answer turn + the EOS-closing call
+    assert out.batch["finished"].tolist() == [1] and out.batch["turns"].tolist() == [1]
+    assert out.batch["response_mask"][0].sum() == out.batch["attention_mask"][0, -400:].sum()
+    # the closing call sampled the EOS (== pad): it is kept, attended and trained on
+    assert response_text(tokenizer, out, 0).endswith("</answer><|im_end|>")
+
+
+def test_search_then_answer_first_wins_and_text_after_stop_is_cut(tokenizer, retriever):
+    scripts = [["<search> Manuel Díaz Rodríguez </search> trailing text <answer>x</answer>",
+                "<answer> Venezuela </answer>"]]
+    _, engine, out = run(tokenizer, retriever, scripts)
+    generated = response_text(tokenizer, out, 0, masked=True)
+    assert "trailing text" not in generated and generated.startswith("<search> Manuel Díaz Rodríguez </search>")
+    observation = response_text(tokenizer, out, 0, masked=False)
+    assert observation.startswith("\n\n<information>Doc 1(Title: ") and observation.endswith("</information>\n\n")
+    assert "Manuel" in observation
+    assert out.batch["valid_search"].tolist() == [1] and out.batch["valid_action"].tolist() == [2]
+    assert out.batch["finished"].tolist() == [1]
+
+
+def test_invalid_action_gets_corrective_message(tokenizer, retriever):
+    scripts = [["<search></search>", "<search>capital\nof France</search>", "<answer>Paris</answer>"]]
+    _, _, out = run(tokenizer, retriever, scripts)
+    observation = response_text(tokenizer, out, 0, masked=False)
+    assert observation.startswith(INVALID_ACTION_MESSAGE)
+    assert out.batch["valid_action"].tolist() == [2] and out.batch["turns"].tolist() == [3]
+
+
+def test_max_turns_exhausted(tokenizer, retriever):
+    scripts = [["<search>a</search>", "<search>b</search>", "<search>c</search>", "<answer>never</answer>"]]
+    _, engine, out = run(tokenizer, retriever, scripts, max_turns=2, max_response_length=1000)
+    assert out.batch["turns"].tolist() == [3]  # 2 search rounds + the final search-free generation
+    assert response_text(tokenizer, out, 0).count("<information>") == 2
+    assert out.batch["finished"].tolist() == [0] and out.batch["truncated"].tolist() == [0]
+
+
+def test_only_active_rows_are_sent(tokenizer, retriever):
+    scripts = [["<answer>done</answer>"], ["<search>Venezuela</search>", "<answer>x</answer>"]]
+    prompts, engine, out = run(tokenizer, retriever, scripts)
+    assert [len(call) for call in engine.calls] == [2, 1, 2]  # turn 1, turn 2 (row 1), EOS closing
+    assert engine.calls[1][0][:len(prompts[1])] == prompts[1]
+
+
+def test_observation_truncation_keeps_closing_tag(tokenizer, retriever):
+    scripts = [["<search>Venezuela writer journalist</search>", "<answer>x</answer>"]]
+    _, _, out = run(tokenizer, retriever, scripts, max_obs_length=40)
+    mask = out.batch["response_mask"][0]
+    real = out.batch["attention_mask"][0, -400:].bool()
+    obs_ids = out.batch["responses"][0][real & ~mask.bool()]
+    assert len(obs_ids) == 40 and out.meta_info["obs_truncated"] == 1
+    assert tokenizer.decode(obs_ids).endswith("</information>\n\n")
+
+
+def test_context_overflow_ends_row_truncated_and_keeps_question(tokenizer, retriever):
+    scripts = [["<search>Venezuela</search>", "<answer>x</answer>"]]
+    prompts, _, out = run(tokenizer, retriever, scripts, max_prompt_length=40)
+    assert out.batch["truncated"].tolist() == [1]
+    assert out.batch["prompts"][0, -len(prompts[0]):].tolist() == prompts[0]
+    assert response_text(tokenizer, out, 0) == "<search>Venezuela</search>"
+
+
+def test_do_search_false_gives_empty_information(tokenizer):
+    scripts = [["<search>Venezuela</search>", "<answer>x</answer>"]]
+    _, _, out = run(tokenizer, None, scripts, do_search=False)
+    assert response_text(tokenizer, out, 0, masked=False) == "\n\n<information></information>\n\n"
+
+
+def test_shapes_masks_positions(tokenizer, retriever):
+    scripts = [["<answer>a</answer>"], ["<search>Venezuela</search>", "<answer>b</answer>"]]
+    prompts, _, out = run(tokenizer, retriever, scripts)
+    b = out.batch
+    width = b["prompts"].shape[1]
+    assert b["input_ids"].shape == (2, width + 400) and b["responses"].shape == (2, 400)
+    assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], 1))
+    assert torch.equal(b["position_ids"], (b["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+    # response_mask is a subset of the real tokens; log-probs are 0 off the mask
+    assert bool((b["response_mask"] <= b["attention_mask"][:, width:]).all())
+    assert bool((b["rollout_log_probs"][b["response_mask"] == 0] == 0).all())
+    for row, prompt in enumerate(prompts):
+        assert b["input_ids"][row][b["attention_mask"][row].bool()][:len(prompt)].tolist() == prompt
+
+
+def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever):
+    from search_r1.prompts import format_observation, format_passages
+    scripts = [["<search>Venezuela writer</search>", "<answer>x</answer>"]]
+    _, _, out = run(tokenizer, retriever, scripts, max_obs_length=1000)
+    docs = retriever.retrieve(["Venezuela writer"])[0]
+    expected = tokenizer.encode(format_observation(format_passages(docs)), add_special_tokens=False)
+    real = out.batch["attention_mask"][0, -400:].bool()
+    obs = out.batch["responses"][0][real & ~out.batch["response_mask"][0].bool()].tolist()
+    assert obs == expected
+
+
+def test_retriever_down_fails_clearly(tokenizer):
+    from search_r1.search.client import RetrieverClient, RetrieverError
+    from search_r1.search.launcher import free_port
+    dead = RetrieverClient(f"http://127.0.0.1:{free_port()}/retrieve", timeout=2.0, max_retries=1, backoff=0.1)
+    with pytest.raises(RetrieverError, match="127.0.0.1"):
+        run(tokenizer, dead, [["<search>x</search>", "<answer>y</answer>"]])
+
+
+def test_observation_encoder_rejects_tiny_budget(tokenizer):
+    with pytest.raises(ValueError, match="max_obs_length"):
+        ObservationEncoder(tokenizer, 5)
