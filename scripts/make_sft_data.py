@@ -1,0 +1,195 @@
+"""Search-then-answer SFT demonstrations for the format warm start (issue 8).
+
+Each demonstration is one chat: the RL stage's user prompt (``search_r1.prompts.make_prefix``) and an
+assistant turn in the exact form the generation manager produces::
+
+    <think> ... </think>\\n<search> QUERY </search>            <- generated, stops at </search>
+    \\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n   <- observation (format_observation)
+    <think> ... </think>\\n<answer> GOLD </answer>              <- generated
+
+The passages come from the project's retriever over ``example/corpus.jsonl`` (in-process BM25 by
+default, or a running server via ``--retriever_url``), the answer is the shortest gold answer, and
+the reasoning is short and templated. Questions come from **training** files only; any question
+whose normalised text appears in a test/dev file under ``--qa_dir`` (or ``--exclude_dir``) is
+refused, so the warm start never sees an evaluation question. Demonstrations whose retrieved
+passages contain the answer are preferred (the model learns to copy from ``<information>``).
+
+    python scripts/make_sft_data.py --qa_dir example/qa --corpus example/corpus.jsonl \\
+        --output_dir ~/data/search_r1_sft --num_demos 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import string
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from search_r1.prompts import format_observation, format_passages, make_prefix  # noqa: E402
+
+FIRST_THOUGHTS = [
+    "I need more information to answer this. Let me search for it.",
+    "I am not sure of the answer, so I will search first.",
+    "To answer this I should look it up.",
+]
+FINAL_THOUGHTS = [
+    "The search results say the answer is {answer}.",
+    "Based on the information, the answer is {answer}.",
+    "From the documents, {answer} answers the question.",
+]
+
+
+def normalize_text(text: str) -> str:
+    """SQuAD-style normalisation: lower case, no punctuation, no articles, single spaces."""
+    text = text.lower()
+    text = "".join(ch for ch in text if ch not in set(string.punctuation))
+    text = re.sub(r"\b(a|an|the)\b", " ", text)
+    return " ".join(text.split())
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def is_train_file(path: Path) -> bool:
+    return path.stem.startswith("train")
+
+
+def held_out_questions(qa_dirs: list[Path]) -> set[str]:
+    """Normalised question texts of every non-train (test/dev/...) file under ``qa_dirs``."""
+    held_out = set()
+    for qa_dir in qa_dirs:
+        for path in sorted(qa_dir.rglob("*.jsonl")):
+            if not is_train_file(path):
+                held_out.update(normalize_text(row["question"]) for row in read_jsonl(path))
+    return held_out
+
+
+def training_questions(qa_dir: Path, held_out: set[str]) -> list[dict]:
+    """Rows of ``qa_dir/<source>/train*.jsonl`` whose question is not held out (deduplicated)."""
+    rows, seen = [], set()
+    for path in sorted(qa_dir.rglob("*.jsonl")):
+        if not is_train_file(path):
+            continue
+        for row in read_jsonl(path):
+            key = normalize_text(row["question"])
+            if key in held_out or key in seen or not row.get("golden_answers"):
+                continue
+            seen.add(key)
+            rows.append(dict(row, data_source=path.parent.name))
+    return rows
+
+
+class InProcessBM25:
+    """The project's BM25 retriever over a corpus file, with the client's ``retrieve`` signature."""
+
+    def __init__(self, corpus_path: str, topk: int):
+        from search_r1.search.bm25 import BM25Retriever
+        from search_r1.search.corpus import load_corpus
+
+        self.retriever = BM25Retriever.build(load_corpus(corpus_path))
+        self.topk = topk
+
+    def retrieve(self, queries: list[str]) -> list[list[dict]]:
+        return self.retriever.search(queries, self.topk)
+
+
+def make_retriever(corpus: str, topk: int, url: str | None):
+    """A ``RetrieverClient`` for ``url`` when given, else in-process BM25 over ``corpus``."""
+    if url:
+        from search_r1.search.client import RetrieverClient
+
+        return RetrieverClient(url, topk=topk)
+    return InProcessBM25(corpus, topk)
+
+
+def search_query(question: str) -> str:
+    return question.strip().rstrip("?").strip()
+
+
+def demonstration(row: dict, docs: list[dict], rng: random.Random) -> dict:
+    """One chat row: the RL prompt and a search-then-answer assistant turn."""
+    answer = min(row["golden_answers"], key=len).strip()
+    query = search_query(row["question"])
+    assistant = (f"<think> {rng.choice(FIRST_THOUGHTS)} </think>\n"
+                 f"<search> {query} </search>"
+                 + format_observation(format_passages(docs))
+                 + f"<think> {rng.choice(FINAL_THOUGHTS).format(answer=answer)} </think>\n"
+                 f"<answer> {answer} </answer>")
+    found = any(f" {normalize_text(a)} " in f" {normalize_text(format_passages(docs))} "
+                for a in row["golden_answers"])
+    return {"messages": [{"role": "user", "content": make_prefix(row["question"])},
+                         {"role": "assistant", "content": assistant}],
+            "data_source": row["data_source"], "id": str(row["id"]),
+            "golden_answers": list(row["golden_answers"]), "answer_in_passages": found}
+
+
+def build_demonstrations(rows: list[dict], retriever, num_demos: int, seed: int) -> list[dict]:
+    """Demonstrations for ``rows``: those whose passages contain the answer first, up to ``num_demos``."""
+    rng = random.Random(seed)
+    results = retriever.retrieve([search_query(r["question"]) for r in rows])
+    demos = [demonstration(row, docs, rng) for row, docs in zip(rows, results)]
+    grounded = [d for d in demos if d["answer_in_passages"]]
+    others = [d for d in demos if not d["answer_in_passages"]]
+    rng.shuffle(grounded)
+    rng.shuffle(others)
+    chosen = (grounded + others)[:num_demos]
+    rng.shuffle(chosen)
+    return chosen
+
+
+def write_jsonl(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        for row in rows:
+            handle.write(json.dumps(row) + "\n")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--qa_dir", default=str(ROOT / "example" / "qa"))
+    parser.add_argument("--corpus", default=str(ROOT / "example" / "corpus.jsonl"))
+    parser.add_argument("--exclude_dir", action="append", default=[],
+                        help="more QA folders whose non-train questions must never be used")
+    parser.add_argument("--output_dir", required=True)
+    parser.add_argument("--num_demos", type=int, default=300)
+    parser.add_argument("--num_val", type=int, default=32, help="demonstrations kept for SFT val loss")
+    parser.add_argument("--topk", type=int, default=3)
+    parser.add_argument("--retriever_url", default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    qa_dir = Path(args.qa_dir)
+    held_out = held_out_questions([qa_dir, *map(Path, args.exclude_dir)])
+    rows = training_questions(qa_dir, held_out)
+    if not rows:
+        raise ValueError(f"no training questions under {qa_dir} (files named train*.jsonl)")
+    retriever = make_retriever(args.corpus, args.topk, args.retriever_url)
+    demos = build_demonstrations(rows, retriever, args.num_demos + args.num_val, args.seed)
+    leaked = [d["id"] for d in demos if normalize_text(d["messages"][0]["content"].split("Question: ")[-1]) in held_out]
+    assert not leaked, f"held-out questions leaked into SFT data: {leaked[:5]}"
+    out = Path(args.output_dir).expanduser()
+    write_jsonl(demos[args.num_val:], out / "train.jsonl")
+    write_jsonl(demos[:args.num_val], out / "val.jsonl")
+    stats = {"train": len(demos) - args.num_val, "val": min(args.num_val, len(demos)),
+             "candidates": len(rows), "held_out_questions": len(held_out),
+             "answer_in_passages": sum(d["answer_in_passages"] for d in demos),
+             "by_source": {s: sum(d["data_source"] == s for d in demos) for s in sorted({d["data_source"] for d in demos})},
+             "output_dir": str(out)}
+    print(json.dumps(stats))
+    return stats
+
+
+if __name__ == "__main__":
+    main()
