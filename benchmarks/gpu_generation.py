@@ -79,7 +79,7 @@ def random_prompts(batch: int, prompt_len: int, vocab_size: int, seed: int = 0) 
 def bound_fields(shape, batch: int, args, tokens_per_s: float) -> dict:
     bound = decode_bound_tokens_per_s(shape, batch, args.prompt_len + args.new_tokens / 2, HBM_BYTES_PER_S)
     return {"bound_tokens_per_s": round(bound["bound_tokens_per_s"], 1),
-            "fraction_of_bound": round(tokens_per_s / bound["bound_tokens_per_s"], 4)}
+            "fraction_of_bound": float(f"{tokens_per_s / bound['bound_tokens_per_s']:.4g}")}
 
 
 # ------------------------------------------------------------------ transformers generate

@@ -184,8 +184,8 @@ def measure(step, steps: int, flops: dict) -> dict:
     seconds = (time.perf_counter() - start) / steps
     return {"seconds_per_update": round(seconds, 4), "tokens_per_update": flops["tokens"],
             "tokens_per_s": round(flops["tokens"] / seconds, 1),
-            "achieved_tflops": round(flops["total_flops"] / seconds / 1e12, 3),
-            "mfu": round(flops["total_flops"] / seconds / PEAK_BF16_FLOPS, 4),
+            "achieved_tflops": float(f"{flops['total_flops'] / seconds / 1e12:.4g}"),
+            "mfu": float(f"{flops['total_flops'] / seconds / PEAK_BF16_FLOPS:.4g}"),
             "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None}
 
 

@@ -22,8 +22,8 @@ python3 -c "import tensordict; print('tensordict', tensordict.__version__)" 2>&1
 
 echo "== generation (timeout ${gen_timeout}s) =="
 timeout -k 10 "$gen_timeout" python3 benchmarks/gpu_generation.py --shapes "$shapes" --out_dir "$out" \
-    --time_budget_s $((gen_timeout - 40)) ${GEN_ARGS:-} 2>&1 | grep -v -E "^\s*$|it/s\]$"
-echo "generation exit: ${PIPESTATUS[0]}"
+    --time_budget_s $((gen_timeout - 40)) ${GEN_ARGS:-}
+echo "generation exit: $?"
 
 echo "== update_actor (timeout ${train_timeout}s) =="
 timeout -k 10 "$train_timeout" python3 benchmarks/gpu_train.py --shapes "$shapes" --out_dir "$out" \

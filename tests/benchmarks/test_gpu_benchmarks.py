@@ -1,0 +1,75 @@
+"""CPU smoke tests of the GPU benchmarks with the tiny shape: same code paths, tiny sizes.
+
+The scripts run as subprocesses (the training one initialises a gloo process group for FSDP2), and
+the tests check the JSON they write: every field the device run reports exists and is positive.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _run(script: str, out_dir: Path, *args: str) -> dict:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), "--out_dir", str(out_dir), *args],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    name = script.removesuffix(".py")
+    return json.loads((out_dir / f"{name}.json").read_text())
+
+
+def test_shapes_match_published_parameter_counts():
+    from benchmarks.shapes import SHAPES, build_random_model, total_params
+
+    # Published sizes: Qwen2.5-0.5B 0.49B, 1.5B 1.54B, 3B 3.09B parameters.
+    assert total_params(SHAPES["qwen2.5-0.5b"]) == 494_032_768
+    assert total_params(SHAPES["qwen2.5-1.5b"]) == 1_543_714_304
+    assert total_params(SHAPES["qwen2.5-3b"]) == 3_085_938_688
+    import torch
+
+    model = build_random_model(SHAPES["qwen2.5-0.5b"], torch.float32, "meta")
+    assert sum(p.numel() for p in model.parameters()) == total_params(SHAPES["qwen2.5-0.5b"])
+
+
+def test_gpu_generation_tiny(tmp_path):
+    report = _run("gpu_generation.py", tmp_path, "--shapes", "tiny", "--batches", "2,4", "--prompt_len", "16",
+                  "--new_tokens", "8", "--engines", "hf")
+    assert report["meta"]["commit"] and "random" in report["weights"]
+    runs = report["shapes"]["tiny"]["hf"]
+    assert [r["batch"] for r in runs] == [2, 4]
+    for run in runs:
+        assert run["generated_tokens"] == run["batch"] * 8
+        for key in ("seconds", "tokens_per_s", "bound_tokens_per_s", "fraction_of_bound"):
+            assert run[key] > 0, (key, run)
+    assert "goals" in report
+
+
+def test_gpu_generation_time_box_skips(tmp_path):
+    report = _run("gpu_generation.py", tmp_path, "--shapes", "tiny", "--batches", "2", "--prompt_len", "8",
+                  "--new_tokens", "64", "--engines", "hf", "--hf_config_budget_s", "0")
+    (run,) = report["shapes"]["tiny"]["hf"]
+    assert "projected" in run["skipped"] and run["projected_s"] > 0
+
+
+def test_gpu_train_tiny(tmp_path):
+    report = _run("gpu_train.py", tmp_path, "--shapes", "tiny", "--rows", "8", "--prompt_min", "8",
+                  "--prompt_max", "12", "--resp_min", "2", "--resp_max", "20", "--resp_median", "8",
+                  "--max_token_len", "128", "--micro_rows", "4", "--steps", "1")
+    assert "random" in report["weights"]
+    entry = report["shapes"]["tiny"]
+    assert entry["flops_per_update"]["total_flops"] > entry["flops_per_update"]["dense_flops"] > 0
+    assert set(entry["runs"]) == {"actor_packed", "actor_padded", "baseline_padded"}
+    for name, run in entry["runs"].items():
+        for key in ("seconds_per_update", "tokens_per_s", "achieved_tflops", "mfu"):
+            assert run[key] > 0, (name, key, run)
+        assert run["tokens_per_update"] == entry["flops_per_update"]["tokens"]
+    assert "packed_over_baseline" in report["goals"]["tiny"]
