@@ -231,8 +231,9 @@ def project_engine_note() -> str:
 
     if importlib.util.find_spec("verl.workers.rollout.vllm_rollout") is None:
         return "verl/workers/rollout/vllm_rollout.py not present: vllm.LLM measured directly"
-    return ("vllm.LLM measured directly with the engine arguments the project's vllm_rollout uses "
-            "(dummy weights, token-id prompts), not through its weight-sync wrapper")
+    return ("vllm.LLM measured directly (dummy random weights, token-id prompts, no tokenizer on the device), "
+            "not through VLLMRolloutEngine, which needs a saved checkpoint and a tokenizer and defaults to "
+            "enforce_eager=True; same vLLM engine and sampling work")
 
 
 # ------------------------------------------------------------------ report
