@@ -308,35 +308,37 @@ class DataProto:
         Raises:
             ValueError: the row counts differ, or a shared key holds different values (named).
         """
-        if len(self) != len(other) and (self.batch is not None or self.non_tensor_batch) and (other.batch is not None or other.non_tensor_batch):
+        if len(self) != len(other) and not (self._is_empty() or other._is_empty()):
             raise ValueError(f"cannot union DataProtos of {len(self)} and {len(other)} rows")
-        self.batch = self._union_batch(self.batch, other.batch)
+        # check every key before changing anything, so a refused union leaves self untouched
+        self._check_union_conflicts(other)
+        if self.batch is None:
+            self.batch = other.batch
+        elif other.batch is not None:
+            for key in other.batch.keys():
+                if key not in self.batch.keys():
+                    self.batch[key] = other.batch[key]
+        self.non_tensor_batch.update(other.non_tensor_batch)
+        self.meta_info.update(other.meta_info)
+        return self
+
+    def _is_empty(self) -> bool:
+        return self.batch is None and not self.non_tensor_batch
+
+    def _check_union_conflicts(self, other: "DataProto") -> None:
+        if self.batch is not None and other.batch is not None:
+            for key in other.batch.keys():
+                if key in self.batch.keys() and not _values_equal(self.batch[key], other.batch[key]):
+                    raise ValueError(
+                        f"union conflict on batch key {key!r}: shapes {tuple(self.batch[key].shape)} and "
+                        f"{tuple(other.batch[key].shape)}, values differ"
+                    )
         for key, value in other.non_tensor_batch.items():
             if key in self.non_tensor_batch and not _values_equal(self.non_tensor_batch[key], value):
                 raise ValueError(f"union conflict on non_tensor_batch key {key!r}: the two DataProtos hold different values")
-            self.non_tensor_batch[key] = value
         for key, value in other.meta_info.items():
             if key in self.meta_info and not _values_equal(self.meta_info[key], value):
                 raise ValueError(f"union conflict on meta_info key {key!r}: {self.meta_info[key]!r} != {value!r}")
-            self.meta_info[key] = value
-        return self
-
-    @staticmethod
-    def _union_batch(mine: TensorDict | None, theirs: TensorDict | None) -> TensorDict | None:
-        if mine is None:
-            return theirs
-        if theirs is None:
-            return mine
-        for key in theirs.keys():
-            if key in mine.keys() and not _values_equal(mine[key], theirs[key]):
-                raise ValueError(
-                    f"union conflict on batch key {key!r}: shapes {tuple(mine[key].shape)} and "
-                    f"{tuple(theirs[key].shape)}, values differ"
-                )
-        for key in theirs.keys():
-            if key not in mine.keys():
-                mine[key] = theirs[key]
-        return mine
 
     @staticmethod
     def concat(data: Sequence["DataProto"]) -> "DataProto":

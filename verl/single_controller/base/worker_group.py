@@ -1,0 +1,144 @@
+"""Backend-independent worker group: binds registered worker methods as group methods.
+
+``group.compute_log_prob(data)`` plans the per-rank calls from the method's dispatch mode, asks
+the backend (Ray actors or the in-process host) to run them, waits for every rank within the
+group's timeout, and collects the results. Backends implement :meth:`WorkerGroup._submit`.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+from typing import Any, Callable
+
+from verl.single_controller.base.decorator import CallPlan, MethodSpec, collect_results, get_method_spec, plan_calls
+from verl.single_controller.base.host import ClassWithInitArgs, ColocatedClassWithInitArgs
+
+DEFAULT_ROLE = "default"
+
+
+class WorkerError(RuntimeError):
+    """A worker method failed on a rank; the message carries the remote traceback."""
+
+    def __init__(self, rank: int, method: str, detail: str) -> None:
+        super().__init__(f"worker rank {rank} failed in {method}:\n{detail}")
+        self.rank = rank
+        self.method = method
+
+
+class WorkerDiedError(WorkerError):
+    """The rank's process exited (killed, ``os._exit``, out of memory) during a call."""
+
+
+class WorkerTimeoutError(WorkerError, TimeoutError):
+    """Ranks gave no result within the group's timeout (a hang, e.g. a collective missing a peer)."""
+
+    def __init__(self, ranks: list[int], method: str, timeout_s: float) -> None:
+        RuntimeError.__init__(self, f"worker ranks {ranks} gave no result for {method} within {timeout_s:.0f} s")
+        self.rank = ranks[0]
+        self.ranks = ranks
+        self.method = method
+
+
+class PendingCall:
+    """Result of a non-blocking call; ``get()`` waits for every rank and collects."""
+
+    def __init__(self, wait: Callable[[], dict[int, Any]], finish: Callable[[dict[int, Any]], Any]) -> None:
+        self._wait, self._finish = wait, finish
+
+    def get(self) -> Any:
+        return self._finish(self._wait())
+
+
+def role_classes_of(cls_with_init: ClassWithInitArgs | ColocatedClassWithInitArgs) -> dict[str, ClassWithInitArgs]:
+    """``{role: ClassWithInitArgs}`` of a single class (role ``"default"``) or a colocated bundle."""
+    if isinstance(cls_with_init, ColocatedClassWithInitArgs):
+        return dict(cls_with_init.roles)
+    if isinstance(cls_with_init, ClassWithInitArgs):
+        return {DEFAULT_ROLE: cls_with_init}
+    raise ValueError(f"expected a ClassWithInitArgs or a colocated bundle, got {type(cls_with_init).__name__}")
+
+
+def registered_methods(cls: type) -> dict[str, MethodSpec]:
+    """Registered (``@register``) methods of ``cls`` and its bases, by name."""
+    found = {}
+    for name, member in inspect.getmembers(cls, predicate=callable):
+        spec = get_method_spec(member)
+        if spec is not None:
+            found[name] = spec
+    return found
+
+
+class WorkerGroup:
+    """Calls registered worker methods on every rank (see :mod:`.decorator` for the modes).
+
+    Subclasses set ``self._role_classes`` and ``self._world_size``, start the ranks, then call
+    :meth:`_bind_all_roles`. A group over colocated roles exposes ``{role}_{method}``; its
+    :meth:`spawn` views expose the plain method names of one role.
+    """
+
+    _role_classes: dict[str, ClassWithInitArgs]
+    _world_size: int
+    timeout_s: float
+
+    @property
+    def world_size(self) -> int:
+        return self._world_size
+
+    def _submit(self, role: str, method: str, plan: CallPlan) -> Callable[[], dict[int, Any]]:
+        """Starts the planned calls; returns a function that waits and gives ``{rank: result}``
+        or raises :class:`WorkerError` naming the rank."""
+        raise NotImplementedError
+
+    def _qualified(self, role: str, method: str) -> str:
+        """``WorkerClass.method``, the name errors use."""
+        return f"{self._role_classes[role].cls.__name__}.{method}"
+
+    def _bind_all_roles(self) -> None:
+        self._bound_names: list[str] = []
+        if len(self._role_classes) == 1:
+            self._bind_role(next(iter(self._role_classes)), prefix="")
+        else:
+            for role in self._role_classes:
+                self._bind_role(role, prefix=f"{role}_")
+
+    def _bind_role(self, role: str, prefix: str) -> None:
+        worker_cls = self._role_classes[role].cls
+        for name, spec in registered_methods(worker_cls).items():
+            attr = prefix + name
+            if hasattr(type(self), attr):
+                raise ValueError(f"{worker_cls.__name__}.{name} clashes with the worker group attribute {attr!r}")
+            setattr(self, attr, self._make_group_method(role, name, spec, getattr(worker_cls, name)))
+            self._bound_names.append(attr)
+
+    def _make_group_method(self, role: str, name: str, spec: MethodSpec, func: Callable) -> Callable:
+        qualified = self._qualified(role, name)
+
+        @functools.wraps(func)
+        def group_method(*args: Any, **kwargs: Any) -> Any:
+            plan = plan_calls(spec.dispatch_mode, self._world_size, qualified, args, kwargs)
+            wait = self._submit(role, name, plan)
+            pending = PendingCall(wait, lambda results: collect_results(spec.dispatch_mode, plan, results, qualified))
+            return pending.get() if spec.blocking else pending
+
+        return group_method
+
+    def spawn(self, prefix_set: set[str] | list[str]) -> dict[str, "WorkerGroup"]:
+        """One group per named role, sharing this group's processes (veRL's ``spawn``).
+
+        Raises:
+            ValueError: a role is not hosted by this group.
+        """
+        unknown = sorted(set(prefix_set) - set(self._role_classes))
+        if unknown:
+            raise ValueError(f"roles {unknown} are not hosted by this group (has {sorted(self._role_classes)})")
+        return {role: self._view(role) for role in prefix_set}
+
+    def _view(self, role: str) -> "WorkerGroup":
+        view = copy.copy(self)
+        for attr in self._bound_names:
+            view.__dict__.pop(attr, None)
+        view._bound_names = []
+        view._bind_role(role, prefix="")
+        return view

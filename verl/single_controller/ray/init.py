@@ -1,0 +1,52 @@
+"""Starting Ray for the trainer, including on small CPU-only machines."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+
+DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
+
+
+def init_ray(
+    num_cpus: int | None = None,
+    env_vars: dict[str, str] | None = None,
+    address: str | None = None,
+    **ray_init_kwargs: Any,
+) -> None:
+    """Starts (or joins) Ray once per process; a no-op when Ray is already initialised.
+
+    Args:
+        num_cpus: CPUs a new local cluster advertises (default: ``os.cpu_count()``). Worker actors
+            on CPU request fractional CPUs (``RayResourcePool(cpus_per_worker=...)``), so two
+            actors and the driver fit on a 2-core machine.
+        env_vars: environment of every Ray worker process, on top of :data:`DEFAULT_ENV_VARS`; the
+            driver's ``PYTHONPATH`` (plus its working directory) is passed on so workers import the
+            same modules.
+        address: an existing cluster (``"auto"`` or ``"host:port"``); ``None`` starts a local one.
+        ray_init_kwargs: passed to ``ray.init`` (e.g. ``object_store_memory``, ``namespace``).
+
+    The dashboard is off (it costs a process and memory) and worker logs go to the driver.
+    """
+    if ray.is_initialized():
+        return
+    pythonpath = os.pathsep.join(p for p in [os.getcwd(), os.environ.get("PYTHONPATH", "")] if p)
+    runtime_env = dict(ray_init_kwargs.pop("runtime_env", None) or {})
+    runtime_env["env_vars"] = {
+        **DEFAULT_ENV_VARS,
+        "PYTHONPATH": pythonpath,
+        **runtime_env.get("env_vars", {}),
+        **(env_vars or {}),
+    }
+    if address is None and num_cpus is None:
+        num_cpus = os.cpu_count() or 1
+    ray.init(
+        address=address,
+        num_cpus=num_cpus if address is None else None,
+        include_dashboard=False,
+        log_to_driver=True,
+        runtime_env=runtime_env,
+        **ray_init_kwargs,
+    )
