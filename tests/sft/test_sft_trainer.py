@@ -57,7 +57,7 @@ def test_steps_lower_loss_and_export_loads(lora_rank, lr, drop, tiny_model_dir, 
 
     trainer.global_step = 5
     folder = trainer.save_checkpoint()
-    assert (folder / "trainer_state.json").is_file() and (folder / "actor" / "model.pt").is_file()
+    assert (folder / "trainer_state.json").is_file() and (folder / "actor" / "model_optim").is_dir()
     exported = AutoModelForCausalLM.from_pretrained(folder / "huggingface", dtype=torch.float32).eval()
     batch = collate_right_padded(items[:1], trainer.tokenizer.pad_token_id)
     trainer.model.eval()

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from verl.trainer.ppo import checkpointing
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
 from verl.utils import fsdp_utils, lora
 from verl.utils.dataset.sft_dataset import (SFTDataset, collate_right_padded, fixed_size_batches,
                                             token_budget_batches)
@@ -106,6 +107,9 @@ class FSDPSFTTrainer:
         self.val_dataset = self._dataset(config.data.val_files) if config.data.val_files else None
         self.model = self._build_model()
         self.optimizer, self.scheduler = self._build_optimizer()
+        self.checkpoint_manager = FSDPCheckpointManager(
+            self.model, self.optimizer if config.trainer.save_optimizer else None, self.scheduler,
+            self.tokenizer)
         self.global_step = 0
 
     def _dataset(self, files) -> SFTDataset:
@@ -181,37 +185,32 @@ class FSDPSFTTrainer:
         return {"val/loss": float(_all_reduce_sum(nll) / _all_reduce_sum(tokens).clamp_min(1))}
 
     def save_checkpoint(self) -> Path:
-        """Write ``global_step_N/{actor,huggingface}`` under ``trainer.default_local_dir``."""
+        """Write ``global_step_N/{actor,huggingface}`` under ``trainer.default_local_dir``.
+
+        ``actor/`` is written by the RL workers' ``FSDPCheckpointManager`` (DCP shards + per-rank
+        extra state), so SFT and RL checkpoints have one format. Rank 0 drives the atomic step
+        folder and tells the other ranks where to write; every part is collective.
+        """
         trainer = self.config.trainer
         root = Path(os.path.expanduser(trainer.default_local_dir))
-        state = fsdp_utils.get_full_state_dict(self.model)  # collective: every rank calls it
-        optim_state = self._full_optimizer_state() if trainer.save_optimizer else None
-        final = checkpointing.step_dir(root, self.global_step)
         if self.rank == 0:
             def save_workers(folder: Path) -> None:
-                self._write_actor(folder / "actor", state, optim_state)
-                self.export_hf(state, folder / "huggingface")
+                self._save_parts(_broadcast_path(folder))
 
             final = checkpointing.save_checkpoint(root, self.global_step, {"sft": True}, save_workers,
                                                   trainer.max_ckpt_to_keep)
-        if dist.get_world_size() > 1:
+        else:
+            self._save_parts(_broadcast_path(None))
+            final = checkpointing.step_dir(root, self.global_step)
+        if self.world_size > 1:
             dist.barrier()
         return final
 
-    def _full_optimizer_state(self) -> dict:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-        return get_optimizer_state_dict(self.model, self.optimizer,
-                                        options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-    def _write_actor(self, folder: Path, state: dict, optim_state: dict | None) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        torch.save(state, folder / "model.pt")
-        extra = {"scheduler": self.scheduler.state_dict(), "rng": torch.get_rng_state(),
-                 "global_step": self.global_step}
-        if optim_state is not None:
-            torch.save(optim_state, folder / "optimizer.pt")
-        torch.save(extra, folder / "extra_state.pt")
+    def _save_parts(self, folder: Path) -> None:
+        self.checkpoint_manager.save(folder / "actor", self.global_step)
+        state = fsdp_utils.get_full_state_dict(self.model)
+        if self.rank == 0:
+            self.export_hf(state, folder / "huggingface")
 
     def export_hf(self, state: dict, folder: Path) -> Path:
         """Merged (LoRA folded in) HF folder with tokenizer; rank 0 only."""
@@ -242,6 +241,14 @@ class FSDPSFTTrainer:
                 if last or _due(self.global_step, trainer.save_freq):
                     metrics["checkpoint"] = str(self.save_checkpoint())
         return metrics
+
+
+def _broadcast_path(folder: Path | None) -> Path:
+    """Rank 0's ``folder`` on every rank."""
+    holder = [str(folder) if folder is not None else None]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.broadcast_object_list(holder, src=0)
+    return Path(holder[0])
 
 
 def _due(step: int, freq) -> bool:

@@ -1,0 +1,158 @@
+"""Format warm start for the embedded default model (SmolLM2-135M-Instruct), cached once.
+
+SmolLM2 prompted with the Search-R1 template almost never closes an ``<answer>`` tag, so every GRPO
+group has zero reward spread. A short SFT on search-then-answer demonstrations
+(``scripts/make_sft_data.py``) teaches the tag format; RL then has signal. The result is cached under
+``<cache_root>/warm_start/<name>/`` (``~/.cache/search_r1`` or ``$SEARCH_R1_CACHE``) and reused.
+
+    python scripts/warm_start.py                 # build if missing, print the HF folder
+    python scripts/warm_start.py --evaluate 60   # + greedy answer-tag rate and EM on test questions
+
+From Python (the quickstart): ``from warm_start import ensure_warm_start; path = ensure_warm_start()``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+for _p in (str(ROOT), str(ROOT / "scripts")):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+WARM_START_NAME = "smollm2-135m-search-sft-v1"  # bump when the recipe below changes
+SFT_OVERRIDES = [  # ~2 epochs over 300 demos; a few minutes on 2 CPU cores
+    "data.max_length=1024", "data.train_batch_size=16", "data.use_dynamic_bsz=true",
+    "data.max_token_len_per_gpu=4096", "model.enable_gradient_checkpointing=false",
+    "optim.lr=5e-5", "optim.warmup_steps_ratio=0.05", "optim.lr_scheduler=cosine",
+    "trainer.total_epochs=2", "trainer.save_optimizer=false", "trainer.logger=[console]",
+    "trainer.experiment_name=warm_start",
+]
+
+
+def warm_start_dir() -> Path:
+    from verl.utils.model_zoo import cache_root
+
+    return cache_root() / "warm_start" / WARM_START_NAME
+
+
+def ensure_warm_start(force: bool = False, num_demos: int = 300) -> str:
+    """Path of the warm-started HF folder, running data generation + SFT when it is not cached.
+
+    Raises:
+        subprocess.CalledProcessError: the SFT run failed (its output is shown).
+    """
+    target = warm_start_dir()
+    if (target / "config.json").exists() and not force:
+        print(f"warm start: cached at {target}")
+        return str(target)
+    from make_sft_data import main as make_sft_data
+
+    from verl.utils.model_zoo import smollm2_dir
+
+    base = smollm2_dir()
+    with tempfile.TemporaryDirectory(prefix="warm_start_") as work:
+        data = make_sft_data(["--output_dir", f"{work}/data", "--num_demos", str(num_demos)])
+        started = time.perf_counter()
+        command = [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.path={base}",
+                   f"data.train_files={work}/data/train.jsonl", f"data.val_files={work}/data/val.jsonl",
+                   f"trainer.default_local_dir={work}/ckpt", *SFT_OVERRIDES]
+        print("warm start: " + " ".join(command), flush=True)
+        subprocess.run(command, check=True, cwd=ROOT)
+        exported = sorted(Path(work, "ckpt").glob("global_step_*/huggingface"))[-1]
+        tmp = target.with_name(target.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(exported, tmp)
+        (tmp / "warm_start.json").write_text(json.dumps(
+            {"base": base, "sft_overrides": SFT_OVERRIDES, "data": data,
+             "sft_seconds": round(time.perf_counter() - started, 1)}, indent=1))
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.rename(target)
+    print(f"warm start: saved to {target}")
+    return str(target)
+
+
+def test_questions(qa_dir: Path, limit: int) -> list[dict]:
+    """Up to ``limit`` held-out questions, round-robin over the test/dev files (never train)."""
+    from make_sft_data import is_train_file, read_jsonl
+
+    files = [p for p in sorted(qa_dir.rglob("*.jsonl")) if not is_train_file(p)]
+    pools = [[dict(r, data_source=p.parent.name) for r in read_jsonl(p)] for p in files]
+    rows = []
+    for i in range(max(map(len, pools), default=0)):
+        rows.extend(pool[i] for pool in pools if i < len(pool))
+    return rows[:limit]
+
+
+def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None,
+             corpus: str | None = None, max_turns: int = 2) -> dict:
+    """Greedy multi-turn rollouts with search (the RL generation manager) on held-out questions.
+
+    Returns:
+        ``answer_closed`` (fraction of responses with a closed ``<answer>``), ``em`` (exact match),
+        ``searches_per_question``, ``response_tokens`` (mean), ``num_questions``.
+    """
+    import numpy as np
+    from transformers import AutoTokenizer
+
+    from make_sft_data import make_retriever
+    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+    from search_r1.prompts import make_prefix
+    from verl.protocol import DataProto
+    from verl.utils.reward_score.qa_em import compute_score_em
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.hf_rollout import HFRolloutEngine
+
+    rows = test_questions(Path(qa_dir or ROOT / "example" / "qa"), num_questions)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    prompts = [tokenizer.apply_chat_template([{"role": "user", "content": make_prefix(r["question"])}],
+                                             add_generation_prompt=True, tokenize=False) for r in rows]
+    prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+    batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": np.array(prompt_ids + [None], dtype=object)[:-1]})
+    manager = LLMGenerationManager(
+        tokenizer, HFRolloutEngine(tokenizer, model_path=model_path, max_batch_size=16),
+        GenerationConfig(max_turns=max_turns, max_response_length=600, max_obs_length=400),
+        make_retriever(corpus or str(ROOT / "example" / "corpus.jsonl"), 3, None))
+    out = manager.run_llm_loop(batch, SamplingParams(temperature=0.0, max_tokens=200))
+    texts = [tokenizer.decode(ids[: int(n)]) for ids, n in
+             zip(out.batch["responses"], out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum(-1))]
+    targets = [{"target": r["golden_answers"]} for r in rows]
+    em = [compute_score_em(t, g) for t, g in zip(texts, targets)]
+    closed = ["<answer>" in t and "</answer>" in t for t in texts]
+    return {"num_questions": len(rows), "answer_closed": float(np.mean(closed)), "em": float(np.mean(em)),
+            "searches_per_question": float(out.batch["valid_search"].float().mean()),
+            "response_tokens": float(out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum(-1).float().mean()),
+            "examples": texts[:3]}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description="SFT warm start for SmolLM2 (cached)")
+    parser.add_argument("--force", action="store_true", help="rebuild even when cached")
+    parser.add_argument("--num_demos", type=int, default=300)
+    parser.add_argument("--evaluate", type=int, default=0, metavar="N",
+                        help="also evaluate base and warm start greedily on N held-out questions")
+    parser.add_argument("--out", default=None, help="write the evaluation JSON here")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    path = ensure_warm_start(force=args.force, num_demos=args.num_demos)
+    print(path)
+    if args.evaluate:
+        from verl.utils.model_zoo import smollm2_dir
+
+        report = {name: evaluate(p, args.evaluate) for name, p in
+                  (("base", smollm2_dir()), ("warm_start", path))}
+        print(json.dumps(report, indent=1))
+        if args.out:
+            Path(args.out).write_text(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
