@@ -7,6 +7,7 @@ group has zero reward spread. A short SFT on search-then-answer demonstrations
 
     python scripts/warm_start.py                 # build if missing, print the HF folder
     python scripts/warm_start.py --evaluate 60   # + greedy answer-tag rate and EM on test questions
+    python scripts/warm_start.py --output DIR    # also link DIR/huggingface -> the cached folder
 
 From Python (the quickstart): ``from warm_start import ensure_warm_start; path = ensure_warm_start()``.
 """
@@ -139,10 +140,19 @@ def main(argv=None) -> None:
     parser.add_argument("--num_demos", type=int, default=300)
     parser.add_argument("--evaluate", type=int, default=0, metavar="N",
                         help="also evaluate base and warm start greedily on N held-out questions")
-    parser.add_argument("--out", default=None, help="write the evaluation JSON here")
+    parser.add_argument("--output", default=None,
+                        help="also expose the cached folder as OUTPUT/huggingface (a symlink; the quickstart's hook)")
+    parser.add_argument("--eval_out", default=None, help="write the evaluation JSON here")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     path = ensure_warm_start(force=args.force, num_demos=args.num_demos)
+    if args.output:
+        link = Path(args.output) / "huggingface"
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(path, target_is_directory=True)
+        path = str(link)
     print(path)
     if args.evaluate:
         from verl.utils.model_zoo import smollm2_dir
@@ -150,8 +160,8 @@ def main(argv=None) -> None:
         report = {name: evaluate(p, args.evaluate) for name, p in
                   (("base", smollm2_dir()), ("warm_start", path))}
         print(json.dumps(report, indent=1))
-        if args.out:
-            Path(args.out).write_text(json.dumps(report, indent=1))
+        if args.eval_out:
+            Path(args.eval_out).write_text(json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,145 @@
+"""Learning check (issue 8): GRPO from the SmolLM2 warm start on CPU; does the curve rise?
+
+Runs the embedded default (``scripts/quickstart.py``: example data, local BM25 retriever) for
+``--steps`` GRPO steps starting from the cached warm start (``scripts/warm_start.py``), with greedy
+validation every ``--test_freq`` steps, then writes per step: mean train score, validation EM,
+searches per question and response length as a PNG and a markdown table, plus a JSON report with
+commit, command and machine. The baseline in the same run is step 0 (validation before training);
+the report gives the last/first ratios.
+
+    python benchmarks/learning_check.py --steps 20 --out_dir benchmarks/results/learning_check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+COLUMNS = {  # metric key -> column title
+    "critic/score/mean": "train score",
+    "val/test_score/all": "val EM (greedy)",
+    "env/number_of_valid_search": "searches / question",
+    "response_length/mean": "response tokens",
+}
+
+
+def grpo_overrides(model_path: str, steps: int, test_freq: int, out_dir: Path, lr: float) -> list[str]:
+    """CPU GRPO recipe: 4 prompts x 4 samples per step, 2 search turns, greedy validation."""
+    return [
+        f"actor_rollout_ref.model.path={model_path}", "algorithm.adv_estimator=grpo",
+        "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
+        "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
+        "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=4",
+        "data.train_batch_size=4", "data.val_batch_size=30", "data.val_data_num=30",
+        "data.max_prompt_length=1536", "data.max_start_length=320", "data.max_response_length=384",
+        "data.max_obs_length=224", "max_turns=2",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+        f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
+        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
+        "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32",
+        f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", f"trainer.save_freq={steps}",
+        "trainer.val_before_train=true", "trainer.logger=[console,jsonl]", f"trainer.log_dir={out_dir}",
+        f"trainer.default_local_dir={out_dir / 'ckpt'}", "trainer.experiment_name=learning_check",
+    ]
+
+
+def read_metrics(path: Path) -> list[dict]:
+    with open(path) as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table, one line per step that has any of the tracked metrics."""
+    lines = ["| step | " + " | ".join(COLUMNS.values()) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    for row in rows:
+        if not any(k in row for k in COLUMNS):
+            continue
+        cells = [f"{row[k]:.3f}" if k in row else "" for k in COLUMNS]
+        lines.append(f"| {row['step']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(COLUMNS), figsize=(4 * len(COLUMNS), 3.2))
+    for ax, (key, title) in zip(axes, COLUMNS.items()):
+        points = [(r["step"], r[key]) for r in rows if key in r]
+        if points:
+            ax.plot(*zip(*points), marker="o")
+        ax.set_title(title)
+        ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+
+
+def summary(rows: list[dict]) -> dict:
+    """First/last values and ratios of each tracked metric."""
+    out = {}
+    for key, title in COLUMNS.items():
+        values = [r[key] for r in rows if key in r]
+        if values:
+            first, last = values[0], values[-1]
+            out[title] = {"first": first, "last": last, "ratio": (last / first) if first else None,
+                          "points": len(values)}
+    return out
+
+
+def machine() -> dict:
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+
+
+def commit() -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--test_freq", type=int, default=5)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--model", default=None, help="default: the cached SmolLM2 warm start")
+    parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results" / "learning_check"))
+    parser.add_argument("--report_only", action="store_true", help="re-plot an existing metrics.jsonl")
+    args = parser.parse_args(argv)
+    out_dir = Path(args.out_dir).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    command = []
+    if not args.report_only:
+        from warm_start import ensure_warm_start
+
+        model = args.model or ensure_warm_start()
+        (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+        command = [sys.executable, str(ROOT / "scripts" / "quickstart.py"),
+                   *grpo_overrides(model, args.steps, args.test_freq, out_dir, args.lr)]
+        print("+ " + shlex.join(command), flush=True)
+        started = time.perf_counter()
+        subprocess.run(command, cwd=ROOT, check=True)
+        print(f"GRPO run: {time.perf_counter() - started:.0f} s")
+    rows = read_metrics(out_dir / "metrics.jsonl")
+    plot(rows, out_dir / "learning_check.png")
+    report = {"commit": commit(), "command": shlex.join(command), "machine": machine(),
+              "summary": summary(rows), "table": table(rows)}
+    (out_dir / "learning_check.json").write_text(json.dumps(report, indent=1))
+    print(report["table"])
+    print(json.dumps(report["summary"], indent=1))
+
+
+if __name__ == "__main__":
+    main()
