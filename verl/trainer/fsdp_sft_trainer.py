@@ -104,6 +104,9 @@ class FSDPSFTTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(model_cfg.tokenizer_path or model_cfg.path,
                                                        trust_remote_code=model_cfg.trust_remote_code)
         self.train_dataset = self._dataset(config.data.train_files)
+        if len(self.train_dataset) < config.data.train_batch_size:
+            raise ValueError(f"data.train_files has {len(self.train_dataset)} usable examples, fewer than "
+                             f"data.train_batch_size={config.data.train_batch_size}")
         self.val_dataset = self._dataset(config.data.val_files) if config.data.val_files else None
         self.model = self._build_model()
         self.optimizer, self.scheduler = self._build_optimizer()
