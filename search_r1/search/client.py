@@ -1,0 +1,131 @@
+"""Async HTTP client of the retrieval server, used by the rollout's search turns.
+
+Search-R1's rollout posted every turn's queries in one request with no timeout and no retry, so one
+slow or restarting retriever stalled or killed a training run. Here the queries of a turn are split
+into requests of at most ``batch_size``, sent with at most ``max_concurrency`` in flight, each with a
+timeout; connection errors, timeouts and 5xx answers are retried with exponential backoff
+(``backoff * 2**attempt`` seconds), 4xx answers are not (the request itself is wrong). Passages are
+rendered by ``search_r1.prompts`` (``format_passages``/``format_observation``), re-exported here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Sequence
+
+import httpx
+
+from search_r1.prompts import format_observation, format_passages
+
+__all__ = ["RetrieverClient", "RetrieverError", "format_passages", "format_observation"]
+
+
+class RetrieverError(RuntimeError):
+    """Retrieval failed for good; the message names the URL and the last failure."""
+
+
+class RetrieverClient:
+    """Client of ``POST /retrieve``.
+
+    Args:
+        url: the server's ``/retrieve`` URL, or its base URL (``/retrieve`` is appended).
+        topk: passages per query.
+        timeout: seconds per HTTP request (connect + read).
+        max_retries: retries after the first attempt (so ``max_retries + 1`` attempts at most).
+        batch_size: most queries per request.
+        max_concurrency: requests in flight at once.
+        backoff: first retry delay in seconds; doubles each retry.
+        return_scores: ask the server for scores.
+    """
+
+    def __init__(self, url: str, topk: int = 3, timeout: float = 30.0, max_retries: int = 3,
+                 batch_size: int = 64, max_concurrency: int = 4, backoff: float = 0.5,
+                 return_scores: bool = True):
+        if topk < 1 or batch_size < 1 or max_concurrency < 1 or max_retries < 0:
+            raise ValueError(f"need topk, batch_size, max_concurrency >= 1 and max_retries >= 0; got "
+                             f"{topk=}, {batch_size=}, {max_concurrency=}, {max_retries=}")
+        url = url.rstrip("/")
+        self.url = url if url.endswith("/retrieve") else url + "/retrieve"
+        self.topk, self.timeout, self.max_retries = topk, timeout, max_retries
+        self.batch_size, self.max_concurrency, self.backoff = batch_size, max_concurrency, backoff
+        self.return_scores = return_scores
+
+    async def aretrieve(self, queries: Sequence[str]) -> list[list[dict]]:
+        """Top-``topk`` results for each query, in query order.
+
+        Returns:
+            one list per query of ``{"document": {"id", "contents"}, "score"?}``.
+        Raises:
+            RetrieverError: a request was rejected (4xx) or still failed after the retries.
+        """
+        queries = list(queries)
+        if not queries:
+            return []
+        batches = [queries[i:i + self.batch_size] for i in range(0, len(queries), self.batch_size)]
+        limit = asyncio.Semaphore(self.max_concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout) as client:
+            async def bounded(batch: list[str]) -> list[list[dict]]:
+                async with limit:
+                    return await self._post_with_retries(client, batch)
+
+            parts = await asyncio.gather(*(bounded(b) for b in batches))
+        return [hits for part in parts for hits in part]
+
+    def retrieve(self, queries: Sequence[str]) -> list[list[dict]]:
+        """Blocking ``aretrieve``; safe to call from inside a running event loop (it then runs the
+        request loop in a private thread)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.aretrieve(queries))
+        box: dict = {}
+
+        def run() -> None:
+            try:
+                box["result"] = asyncio.run(self.aretrieve(queries))
+            except BaseException as err:  # re-raised in the caller's thread
+                box["error"] = err
+
+        thread = threading.Thread(target=run, name="retriever-client", daemon=True)
+        thread.start()
+        thread.join()
+        if "error" in box:
+            raise box["error"]
+        return box["result"]
+
+    def render(self, results: list[list[dict]]) -> list[str]:
+        """Observation text (``<information>...</information>``) for each query's results."""
+        return [format_observation(format_passages(hits)) for hits in results]
+
+    async def _post_with_retries(self, client: httpx.AsyncClient, batch: list[str]) -> list[list[dict]]:
+        payload = {"queries": batch, "topk": self.topk, "return_scores": self.return_scores}
+        failure = "no attempt made"
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = await client.post(self.url, json=payload)
+            except httpx.TransportError as err:  # connection refused/reset, timeouts
+                failure = f"{type(err).__name__}: {err or 'no detail'}"
+                continue
+            if response.status_code >= 500:
+                failure = f"HTTP {response.status_code}: {response.text[:300]}"
+                continue
+            if response.status_code >= 400:
+                raise RetrieverError(f"retriever {self.url} rejected the request with HTTP "
+                                     f"{response.status_code}: {response.text[:300]}")
+            return self._parse(response, len(batch))
+        raise RetrieverError(f"retriever {self.url} failed after {self.max_retries + 1} attempts; "
+                             f"last failure: {failure}")
+
+    def _parse(self, response: httpx.Response, num_queries: int) -> list[list[dict]]:
+        try:
+            result = response.json()["result"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise RetrieverError(f"retriever {self.url} sent a malformed answer ({err}): "
+                                 f"{response.text[:300]}") from None
+        if not isinstance(result, list) or len(result) != num_queries:
+            raise RetrieverError(f"retriever {self.url} returned {len(result) if isinstance(result, list) else result!r} "
+                                 f"result lists for {num_queries} queries")
+        return result

@@ -1,0 +1,100 @@
+"""Start the retrieval server as a subprocess and wait until ``/health`` says it is ready.
+
+Used by tests, benchmarks, the quickstart and ``infer.py``: a real server process on 127.0.0.1 with
+a free port, stopped (SIGTERM, then SIGKILL) when the context exits.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago on ``host``."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+class ServerProcess:
+    """A running ``retrieval_server`` subprocess.
+
+    Attributes:
+        url: base URL, e.g. ``http://127.0.0.1:41234`` (POST ``url + "/retrieve"``).
+        process: the ``subprocess.Popen``.
+    """
+
+    def __init__(self, process: subprocess.Popen, url: str, log_path: str):
+        self.process, self.url, self.log_path = process, url, log_path
+
+    @property
+    def retrieve_url(self) -> str:
+        return self.url + "/retrieve"
+
+    def log_tail(self, num_chars: int = 3000) -> str:
+        with open(self.log_path, errors="replace") as handle:
+            return handle.read()[-num_chars:]
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def launch_server(server_args: list[str], host: str = "127.0.0.1", port: int | None = None,
+                  startup_timeout: float = 300.0, env: dict | None = None) -> ServerProcess:
+    """Run ``python -m search_r1.search.retrieval_server <server_args> --host --port``.
+
+    Args:
+        server_args: CLI arguments except host/port (e.g. ``["--index_path", p, ...]``).
+        startup_timeout: seconds to wait for ``/health`` (loading a large corpus takes a while).
+    Returns:
+        the ready server.
+    Raises:
+        RuntimeError: the process exited or did not become ready; the message holds its log tail.
+    """
+    port = port or free_port(host)
+    log = tempfile.NamedTemporaryFile("w", prefix="retrieval_server_", suffix=".log", delete=False)
+    cmd = [sys.executable, "-m", "search_r1.search.retrieval_server", *server_args,
+           "--host", host, "--port", str(port)]
+    child_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+    server = ServerProcess(process, f"http://{host}:{port}", log.name)
+    try:
+        _wait_ready(server, startup_timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+def _wait_ready(server: ServerProcess, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.process.poll() is not None:
+            raise RuntimeError(f"retrieval server exited with {server.process.returncode}:\n{server.log_tail()}")
+        try:
+            if httpx.get(server.url + "/health", timeout=2.0).json().get("ready"):
+                return
+        except (httpx.HTTPError, ValueError):
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"retrieval server not ready after {timeout:.0f} s:\n{server.log_tail()}")

@@ -1,0 +1,219 @@
+"""The retrieval HTTP server: ``POST /retrieve``, ``GET /health``, ``GET /stats`` (FastAPI + uvicorn).
+
+    python -m search_r1.search.retrieval_server --index_path indexes/minilm_Flat.index \
+        --corpus_path example/corpus.jsonl --retriever_name minilm --topk 3
+
+API (Search-R1's): ``{"queries": [str], "topk": int | null, "return_scores": bool}`` ->
+``{"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}``, one list per query;
+``score`` is left out when ``return_scores`` is false (the reference crashed with a 500 there).
+Concurrent requests are micro-batched (see ``batching.py``). Bad input gets a 4xx whose ``detail``
+names the field; the server binds 127.0.0.1 unless ``--host`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+
+from .batching import MicroBatcher
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ServerLimits:
+    """Request limits; anything beyond them is a 4xx, never a 500.
+
+    Attributes:
+        default_topk: used when a request's ``topk`` is null.
+        max_topk: largest ``topk`` accepted.
+        max_queries: most queries in one request.
+        max_body_bytes: largest request body (413 beyond).
+        max_query_chars: longer queries are cut to this many characters before tokenising (the
+            encoder then truncates to its ``max_length`` tokens); not an error.
+    """
+
+    default_topk: int = 3
+    max_topk: int = 100
+    max_queries: int = 512
+    max_body_bytes: int = 4 << 20
+    max_query_chars: int = 8192
+
+
+class RetrieveRequest(BaseModel):
+    """Body of ``POST /retrieve``; unknown fields are rejected (a typo must not pass silently)."""
+
+    model_config = ConfigDict(extra="forbid")
+    queries: list[StrictStr]
+    topk: StrictInt | None = None
+    return_scores: StrictBool = False
+
+
+def create_app(retriever, limits: ServerLimits, batcher: MicroBatcher | None = None,
+               name: str = "") -> FastAPI:
+    """The FastAPI app serving ``retriever`` (anything with ``search``, ``describe``, ``len``).
+
+    Args:
+        retriever: a ``DenseRetriever``, ``BM25Retriever`` or ``SerperRetriever``.
+        limits: request limits.
+        batcher: the micro-batcher; default batches with a 2 ms wait bound.
+        name: the retriever name reported on ``/health``.
+    """
+    batcher = batcher or MicroBatcher(retriever.search)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        await batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="search-r1 retriever", lifespan=lifespan)
+    app.state.batcher = batcher
+
+    @app.get("/health")
+    async def health() -> dict:
+        info = retriever.describe()
+        encoder = info.get("encoder")
+        return {"status": "ok", "ready": True, "retriever": name or info["kind"], "kind": info["kind"],
+                "encoder": encoder["model_path"] if isinstance(encoder, dict) else encoder,
+                "index_size": info["index_size"], "default_topk": limits.default_topk,
+                "max_topk": limits.max_topk, "max_queries": limits.max_queries,
+                "batching": batcher.batching}
+
+    @app.get("/stats")
+    async def stats() -> dict:
+        return batcher.stats.as_dict()
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> JSONResponse:
+        body = await _read_body(request, limits.max_body_bytes)
+        req = _parse_request(body, limits)
+        topk = req.topk if req.topk is not None else limits.default_topk
+        queries = [q[:limits.max_query_chars] for q in req.queries]
+        try:
+            results = await batcher.submit(queries, topk)
+        except Exception as err:  # a failed search must not take the server down
+            logger.exception("search failed")
+            raise HTTPException(500, f"search failed: {type(err).__name__}: {err}") from None
+        if not req.return_scores:
+            results = [[{"document": hit["document"]} for hit in hits] for hits in results]
+        return JSONResponse({"result": results})
+
+    return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The request body, refusing (413) bodies over ``limit`` bytes before reading them whole."""
+    from starlette.requests import ClientDisconnect
+
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise HTTPException(413, f"request body: {declared} bytes exceeds the limit of {limit} bytes")
+    chunks, size = [], 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPException(413, f"request body: exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise HTTPException(400, "request body: client disconnected") from None
+    return b"".join(chunks)
+
+
+def _parse_request(body: bytes, limits: ServerLimits) -> RetrieveRequest:
+    """Validate the body; every failure is a 422 whose detail names the offending field."""
+    try:
+        req = RetrieveRequest.model_validate_json(body)
+    except ValidationError as err:
+        raise HTTPException(422, "; ".join(_describe_error(e) for e in err.errors())) from None
+    if not req.queries:
+        raise HTTPException(422, "queries: must contain at least one query")
+    if len(req.queries) > limits.max_queries:
+        raise HTTPException(422, f"queries: {len(req.queries)} queries exceed the limit of "
+                                 f"{limits.max_queries} per request")
+    if req.topk is not None and not 1 <= req.topk <= limits.max_topk:
+        raise HTTPException(422, f"topk: must be between 1 and {limits.max_topk}, got {req.topk}")
+    return req
+
+
+def _describe_error(error: dict) -> str:
+    location = ".".join(str(part) for part in error.get("loc", ())) or "body"
+    return f"{location}: {error.get('msg', 'invalid')}"
+
+
+def load_retriever(args: argparse.Namespace):
+    """Build the retriever named by the CLI arguments (dense, BM25 or serper)."""
+    from .loading import load_bm25_retriever, load_dense_retriever
+
+    if args.retriever_name == "serper":
+        from .serper import SerperRetriever
+
+        return SerperRetriever.from_args(args)
+    if args.retriever_name == "bm25":
+        return load_bm25_retriever(args.index_path, args.corpus_path)
+    return load_dense_retriever(args.index_path, args.corpus_path, args.retriever_name,
+                               args.retriever_model, faiss_gpu=args.faiss_gpu,
+                               pooling_method=args.pooling_method,
+                               query_max_length=args.query_max_length)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="search-r1 retrieval server")
+    p.add_argument("--index_path", default=None, help="FAISS index file, or BM25 index directory")
+    p.add_argument("--corpus_path", default=None, help="JSONL corpus the index was built from")
+    p.add_argument("--topk", type=int, default=3, help="default topk when a request sends null")
+    p.add_argument("--retriever_name", default="e5", help="e5 | bge | minilm | bm25 | serper | a model path")
+    p.add_argument("--retriever_model", default=None, help="encoder path or hub id (default: the index's)")
+    p.add_argument("--faiss_gpu", action="store_true", help="index sharded in fp16 on all GPUs, encoder fp16 on GPU")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--pooling_method", default=None, choices=["mean", "cls", "pooler"])
+    p.add_argument("--query_max_length", type=int, default=None, help="query token limit")
+    p.add_argument("--max_topk", type=int, default=100)
+    p.add_argument("--max_queries", type=int, default=512)
+    p.add_argument("--max_body_bytes", type=int, default=4 << 20)
+    p.add_argument("--max_batch_queries", type=int, default=256, help="queries per micro-batch")
+    p.add_argument("--max_wait_ms", type=float, default=2.0, help="micro-batch wait bound")
+    p.add_argument("--no_batching", action="store_true", help="serve one request at a time (baseline)")
+    p.add_argument("--log_level", default="warning")
+    from .serper import add_serper_args
+
+    add_serper_args(p)
+    args = p.parse_args(argv)
+    if args.retriever_name != "serper" and not (args.index_path and args.corpus_path):
+        p.error("--index_path and --corpus_path are required unless --retriever_name serper")
+    return args
+
+
+def build_app(args: argparse.Namespace) -> FastAPI:
+    """Load the retriever and wrap it in the app, as configured by the CLI arguments."""
+    retriever = load_retriever(args)
+    limits = ServerLimits(default_topk=args.topk, max_topk=args.max_topk, max_queries=args.max_queries,
+                          max_body_bytes=args.max_body_bytes)
+    if not 1 <= limits.default_topk <= limits.max_topk:
+        raise ValueError(f"--topk must be between 1 and --max_topk={limits.max_topk}, got {args.topk}")
+    batcher = MicroBatcher(retriever.search, max_batch_queries=args.max_batch_queries,
+                           max_wait_s=args.max_wait_ms / 1000.0, batching=not args.no_batching)
+    return create_app(retriever, limits, batcher, name=args.retriever_name)
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper())
+    app = build_app(args)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
+
+
+if __name__ == "__main__":
+    main()
