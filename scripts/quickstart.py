@@ -103,7 +103,7 @@ def local_retriever(args: argparse.Namespace):
     build_index(corpus, index_dir)
     parsed = urlparse(args.retriever_url)
     cmd = [sys.executable, "-m", "search_r1.search.retrieval_server", "--retriever_name", "bm25",
-           "--index_path", str(index_dir), "--corpus_path", str(corpus), "--topk", "3",
+           "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus), "--topk", "3",
            "--host", parsed.hostname or "127.0.0.1", "--port", str(parsed.port or 8000)]
     print("+ " + shlex.join(cmd) + " &", flush=True)
     server = subprocess.Popen(cmd, cwd=REPO)
