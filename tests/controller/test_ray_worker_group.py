@@ -107,9 +107,20 @@ def test_hung_collective_times_out(cpu_pool):
         group.shutdown()
 
 
-def test_failing_init_names_rank(cpu_pool):
+def test_failing_init_names_rank_and_frees_actors(cpu_pool):
+    import ray
+
     with pytest.raises(WorkerError, match=r"rank \d failed in BrokenInitWorker.__init__[\s\S]*cannot start rank"):
         RayWorkerGroup(cpu_pool, RayClassWithInitArgs(BrokenInitWorker), name_prefix="broken", init_timeout_s=120)
+    with pytest.raises(WorkerError, match="rank 0 failed in BrokenInitWorker.__init__"):
+        LocalWorkerGroup(RayClassWithInitArgs(BrokenInitWorker))
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        alive = [a for a in ray.util.list_named_actors() if a.startswith("broken_")]
+        if not alive:
+            break
+        time.sleep(0.5)
+    assert not alive
 
 
 def test_colocated_roles_share_processes(cpu_pool):

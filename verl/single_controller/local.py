@@ -36,7 +36,14 @@ class LocalWorkerGroup(WorkerGroup):
         self._world_size = 1
         self.timeout_s = float("inf")
         self._host = WorkerHost(self._role_classes)
-        self._host.init_workers(self._rank_env())
+        had_process_group = dist.is_initialized()
+        try:
+            self._host.init_workers(self._rank_env())
+        except Exception as error:
+            names = "+".join(spec.cls.__name__ for spec in self._role_classes.values())
+            raise WorkerError(0, f"{names}.__init__", traceback.format_exc()) from error
+        # only the group whose workers created the 1-rank process group destroys it
+        self._owns_process_group = dist.is_initialized() and not had_process_group
         self._bind_all_roles()
 
     @staticmethod
@@ -61,7 +68,8 @@ class LocalWorkerGroup(WorkerGroup):
         return lambda: {0: result}
 
     def shutdown(self) -> None:
-        """Drops the workers and destroys the 1-rank process group if one was made."""
+        """Drops the workers and destroys the process group their construction made, if any."""
         self._host.workers.clear()
-        if dist.is_initialized() and dist.get_world_size() == 1:
+        if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
+        self._owns_process_group = False

@@ -72,7 +72,11 @@ class RayWorkerGroup(WorkerGroup):
         self.name_prefix = name_prefix or uuid.uuid4().hex[:8]
         self.timeout_s = timeout_s
         self._actors = self._start_actors(resource_pool.rank_slots(init_timeout_s))
-        self._init_workers(init_timeout_s)
+        try:
+            self._init_workers(init_timeout_s)
+        except BaseException:
+            self.shutdown()  # free the bundles of a group that never started
+            raise
         self._bind_all_roles()
 
     def _actor_options(self) -> dict[str, Any]:
