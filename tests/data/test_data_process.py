@@ -72,7 +72,7 @@ def test_cli_outputs_exact_schema(tmp_path):
 def test_merged_uids_unique_across_sources(processed_example):
     train = pq.read_table(processed_example / "train.parquet").to_pylist()
     uids = [r["extra_info"]["uid"] for r in train]
-    assert len(set(uids)) == len(uids) == 540
+    assert len(set(uids)) == len(uids) == 520
     indices = [(r["extra_info"]["index"]) for r in train]
     assert len(set(indices)) < len(indices)   # per-source indices repeat, uids do not
     assert {r["data_source"] for r in train} == {"nq", "hotpotqa"}
