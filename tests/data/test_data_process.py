@@ -132,3 +132,18 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
     (tmp_path / "nq/train.jsonl").write_text('{"id": 1, "question": "q"\n')
     with pytest.raises(ValueError, match=r"train.jsonl:1: invalid JSON"):
         qa_common.QASource("nq", str(tmp_path)).rows("train")
+
+
+def test_hub_dataset_rows_and_split_choice():
+    """The no --input_dir path reads a ``datasets.DatasetDict`` (as load_dataset returns it)."""
+    import datasets
+
+    source = qa_common.QASource("nq", None)
+    source._hub = datasets.DatasetDict({
+        "train": datasets.Dataset.from_list([{"id": "t0", "question": "q", "golden_answers": ["a"]}]),
+        "dev": datasets.Dataset.from_list([{"id": "d0", "question": "r", "golden_answers": ["b", "c"]}]),
+    })
+    assert source.test_split() == "dev"
+    rows = qa_common.process_split(source, source.test_split(), "base", strict=True)
+    assert rows[0]["reward_model"]["ground_truth"]["target"] == ["b", "c"]
+    assert rows[0]["extra_info"] == {"split": "dev", "index": 0, "uid": "nq-dev-0"}

@@ -119,3 +119,15 @@ def test_pad_token_set_when_missing(tmp_path, smollm2_tokenizer):
     assert tokenizer.pad_token == tokenizer.eos_token
     assert int(item["attention_mask"].sum()) == len(item["raw_prompt_ids"])
     assert np.all(item["input_ids"][:10].numpy() == tokenizer.eos_token_id)
+
+
+def test_hydra_config_data_section(tmp_path, qwen_tokenizer):
+    from omegaconf import OmegaConf
+
+    path = tmp_path / "d.parquet"
+    write_rows(path, ["short question?", "long " * 200])
+    cfg = OmegaConf.create({"data": {"prompt_key": "prompt", "max_prompt_length": 64,
+                                     "filter_overlong_prompts": True, "return_raw_chat": True}})
+    dataset = RLHFDataset(str(path), qwen_tokenizer, cfg)
+    assert len(dataset) == 1 and dataset[0]["raw_prompt"][0]["content"] == "short question?"
+    assert dataset[0]["input_ids"].shape == (64,)
