@@ -98,7 +98,7 @@ class LLMGenerationManager:
             raise ValueError(f"run_llm_loop samples once per row; got n={params.n}. Repeat the batch instead.")
         self.timing = {"generation_s": 0.0, "retrieval_s": 0.0, "bookkeeping_s": 0.0}
         start = time.perf_counter()
-        rows = [Trajectory(prompt) for prompt in self._prompts(batch)]
+        rows = [Trajectory(prompt, open_tag=self._open_tag(prompt)) for prompt in self._prompts(batch)]
         params = replace(params, stop=list(STOP_STRINGS), logprobs=True)
         for turn in range(self.config.max_turns + 1):
             active = [row for row in rows if row.active]
@@ -124,6 +124,12 @@ class LLMGenerationManager:
                 raise ValueError(f"row {i}: prompt has {len(prompt)} tokens; need 1..max_start_length="
                                  f"{self.config.max_start_length}")
         return prompts
+
+    def _open_tag(self, prompt: list[int]) -> str:
+        """``<search>``/``<answer>`` when the prompt itself opens the action (a forced assistant
+        prefix); the first turn's new text is parsed as its continuation."""
+        tail = self.tokenizer.decode(prompt[-4:], skip_special_tokens=False)
+        return next((tag for tag in ("<search>", "<answer>") if tail.endswith(tag)), "")
 
     def _generate(self, rows: list[Trajectory], params: SamplingParams) -> list[RolloutOutput]:
         budget = [self.config.max_response_length - len(row.response) for row in rows]
@@ -162,7 +168,8 @@ class LLMGenerationManager:
         if out.finish_reason != "stop":
             row.end(truncated=out.finish_reason == "length")
             return None
-        action = parse_action(self.tokenizer.decode(out.token_ids, skip_special_tokens=False))
+        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=False)
+        action = parse_action((row.open_tag if row.turns == 1 else "") + text)
         row.valid_action += int(action.valid)
         row.valid_search += int(action.kind == "search")
         if action.kind == "answer":

@@ -15,6 +15,7 @@ class Trajectory:
     """
 
     prompt: list[int]
+    open_tag: str = ""  # an action tag the prompt opened (forced prefix), see generation._open_tag
     response: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)

@@ -148,3 +148,12 @@ def test_retriever_down_fails_clearly(tokenizer):
 def test_observation_encoder_rejects_tiny_budget(tokenizer):
     with pytest.raises(ValueError, match="max_obs_length"):
         ObservationEncoder(tokenizer, 5)
+
+
+def test_prompt_that_opens_the_search_tag(tokenizer, retriever):
+    prompts = [tokenizer.encode("Question: q?\n<search>", add_special_tokens=False)]
+    engine = ScriptedEngine(tokenizer, prompts, [["Venezuela writer</search>", "<answer>x</answer>"]])
+    manager = LLMGenerationManager(tokenizer, engine, GenerationConfig(max_turns=2, max_response_length=400,
+                                                                       max_obs_length=200), retriever)
+    out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), PARAMS)
+    assert out.batch["valid_search"].tolist() == [1] and out.batch["finished"].tolist() == [1]
