@@ -200,12 +200,15 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 def mixed_precision_policy(mixed_precision: Any = None):
     """FSDP2 policy: on GPU bf16 params / fp32 reduce by default; on CPU everything fp32.
 
-    ``mixed_precision`` may set ``param_dtype``, ``reduce_dtype`` (GPU only).
+    ``mixed_precision`` is a dtype name (the param dtype) or a node with ``param_dtype`` and
+    ``reduce_dtype`` (GPU only).
     """
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if not torch.cuda.is_available():
         return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+    if isinstance(mixed_precision, str):  # the YAML's short form, e.g. ``mixed_precision: bf16``
+        mixed_precision = {"param_dtype": mixed_precision}
     return MixedPrecisionPolicy(param_dtype=to_dtype(_cfg_get(mixed_precision, "param_dtype", "bf16")),
                                 reduce_dtype=to_dtype(_cfg_get(mixed_precision, "reduce_dtype", "fp32")),
                                 cast_forward_inputs=True)

@@ -1,0 +1,124 @@
+"""FSDP2 workers in this process (world size 1, gloo): log-probs, updates, checkpoints, HF export."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+
+@pytest.fixture(scope="module")
+def actor_worker(tiny_qwen_path, configs):
+    worker = ActorRolloutRefWorker(configs[0](tiny_qwen_path), role="actor_rollout_ref")
+    worker.init_model()
+    return worker
+
+
+def _full_params(worker) -> dict[str, torch.Tensor]:
+    from verl.utils.fsdp_utils import iter_full_params
+
+    return {k: v.clone() for k, v in iter_full_params(worker.actor_module)}
+
+
+def _prepared_batch(worker, batch_factory, seed=0):
+    data = batch_factory(num_rows=6, seed=seed)
+    data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+    data.batch["ref_log_probs"] = worker.compute_ref_log_prob(data).batch["ref_log_probs"]
+    return data
+
+
+def test_log_probs_ref_and_update(actor_worker, batch_factory, tiny_qwen_path):
+    data = batch_factory(num_rows=6, seed=0)
+    out = actor_worker.compute_log_prob(data)
+    ref = actor_worker.compute_ref_log_prob(data)
+    # the reference is the same checkpoint before any update
+    torch.testing.assert_close(ref.batch["ref_log_probs"], out.batch["old_log_probs"], atol=1e-5, rtol=0)
+    assert out.batch["entropys"].shape == data.batch["responses"].shape
+    before = _full_params(actor_worker)
+    data.batch["old_log_probs"] = out.batch["old_log_probs"]
+    data.batch["ref_log_probs"] = ref.batch["ref_log_probs"]
+    metrics = actor_worker.update_actor(data).meta_info["metrics"]
+    for key in ["actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy", "actor/kl_loss",
+                "actor/grad_norm", "actor/lr"]:
+        assert key in metrics, key
+    assert metrics["actor/lr"] == pytest.approx(1e-3)
+    after = _full_params(actor_worker)
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    # the reference stays frozen
+    ref_after = actor_worker.compute_ref_log_prob(data).batch["ref_log_probs"]
+    torch.testing.assert_close(ref_after, ref.batch["ref_log_probs"], atol=0, rtol=0)
+    # the colocated engine received the new weights
+    engine_state = actor_worker.rollout_engine.model.state_dict()
+    for name in ["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"]:
+        torch.testing.assert_close(engine_state[name], after[name], atol=0, rtol=0)
+
+
+def test_generate_sequences(actor_worker):
+    from verl.protocol import DataProto
+
+    prompts = np.empty(2, dtype=object)
+    prompts[0], prompts[1] = [100, 200, 300], [400, 500]
+    data = DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts},
+                               meta_info={"sampling_params": {"temperature": 0.0, "max_tokens": 4, "n": 1}})
+    out = actor_worker.generate_sequences(data)
+    assert len(out) == 2
+    for ids, log_probs in zip(out.non_tensor_batch["output_token_ids"], out.non_tensor_batch["output_log_probs"]):
+        assert 1 <= len(ids) <= 4 and len(log_probs) == len(ids)
+
+
+def test_checkpoint_round_trip(actor_worker, batch_factory, tmp_path):
+    data = _prepared_batch(actor_worker, batch_factory, seed=1)
+    actor_worker.update_actor(data)  # optimizer state exists
+    actor_worker.save_checkpoint(str(tmp_path / "ckpt"), global_step=1)
+    saved_params = _full_params(actor_worker)
+    saved_exp_avg = {k: v["exp_avg"].full_tensor().clone() for k, v in
+                     zip(actor_worker.actor_module.state_dict(), actor_worker.actor_optimizer.state.values())}
+    saved_lr_steps = actor_worker.lr_scheduler.last_epoch
+    expected_draws = (torch.rand(3), np.random.rand(), random.random())
+    actor_worker.update_actor(_prepared_batch(actor_worker, batch_factory, seed=2))
+    assert any(not torch.equal(saved_params[k], v) for k, v in _full_params(actor_worker).items())
+    actor_worker.load_checkpoint(str(tmp_path / "ckpt"))
+    for key, value in _full_params(actor_worker).items():
+        torch.testing.assert_close(value, saved_params[key], atol=0, rtol=0)
+    for (key, state) in zip(actor_worker.actor_module.state_dict(), actor_worker.actor_optimizer.state.values()):
+        torch.testing.assert_close(state["exp_avg"].full_tensor(), saved_exp_avg[key], atol=0, rtol=0)
+    assert actor_worker.lr_scheduler.last_epoch == saved_lr_steps
+    draws = (torch.rand(3), np.random.rand(), random.random())
+    assert torch.equal(draws[0], expected_draws[0]) and draws[1:] == expected_draws[1:]
+
+
+def test_export_hf_loads_with_same_logits(actor_worker, batch_factory, tmp_path):
+    actor_worker.export_hf(str(tmp_path / "hf"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", dtype=torch.float32)
+    data = batch_factory(num_rows=3, seed=4)
+    ids, mask = data.batch["input_ids"], data.batch["attention_mask"]
+    with torch.no_grad():
+        expected = actor_worker.actor_module(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        got = loaded(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert (tmp_path / "hf" / "tokenizer.json").exists()
+
+
+def test_critic_values_and_update(tiny_qwen_path, configs, batch_factory):
+    torch.manual_seed(0)  # the value head starts random
+    worker = CriticWorker(configs[1](tiny_qwen_path))
+    worker.init_model()
+    data = batch_factory(num_rows=6, seed=5)
+    values = worker.compute_values(data).batch["values"]
+    assert values.shape == data.batch["responses"].shape
+    assert (values[data.batch["response_mask"] == 0] == 0).all()
+    data.batch["values"] = values
+    data.batch["returns"] = torch.linspace(-1, 1, values.numel()).view_as(values) * data.batch["response_mask"]
+    losses = []
+    for _ in range(5):
+        metrics = worker.update_critic(data).meta_info["metrics"]
+        losses.append(metrics["critic/vf_loss"])
+        data.batch["values"] = worker.compute_values(data).batch["values"]
+    assert losses[-1] < losses[0], losses
+    for key in ["critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"]:
+        assert key in metrics
