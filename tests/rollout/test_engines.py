@@ -81,3 +81,11 @@ def test_hf_update_weights_rejects_unknown_name(tokenizer, smollm2_path):
     engine = HFRolloutEngine(tokenizer, model_path=smollm2_path)
     with pytest.raises(KeyError, match="nope"):
         engine.update_weights([("nope", torch.zeros(1))])
+
+
+def test_release_and_resume_memory_keep_the_engine_usable(vllm_engine, prompts):
+    params = SamplingParams(temperature=0, max_tokens=8)
+    before = vllm_engine.generate(prompts[:1], params)[0].token_ids
+    vllm_engine.release_memory()  # a logged no-op on CPU, sleep(level=1) on GPU
+    vllm_engine.resume_memory()
+    assert vllm_engine.generate(prompts[:1], params)[0].token_ids == before

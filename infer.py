@@ -1,0 +1,106 @@
+"""Ask a search agent a question: one-shot with --question, else an interactive prompt.
+
+    python infer.py --model PATH_OR_ID --question "Who wrote Hamlet?" \
+        [--retriever_url http://127.0.0.1:8000/retrieve] [--topk 3] [--temperature 0] \
+        [--engine vllm|hf] [--max_turns 4]
+
+It runs the training rollout's own loop (``LLMGenerationManager``) on a batch of one and prints the
+trajectory (think/search/information/answer) and the final answer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    from verl.workers.rollout import default_engine_name
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", required=True, help="HF folder or hub id")
+    p.add_argument("--question", default=None, help="omit for an interactive prompt")
+    p.add_argument("--retriever_url", default="http://127.0.0.1:8000/retrieve")
+    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--top_p", type=float, default=1.0)
+    p.add_argument("--engine", choices=["vllm", "hf"], default=default_engine_name())
+    p.add_argument("--max_turns", type=int, default=4)
+    p.add_argument("--max_tokens", type=int, default=500, help="new tokens per turn")
+    p.add_argument("--max_response_length", type=int, default=2048)
+    p.add_argument("--max_obs_length", type=int, default=512)
+    p.add_argument("--max_model_len", type=int, default=4096)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--template", default="base", help="prompt template name in search_r1.prompts.TEMPLATES")
+    p.add_argument("--no_search", action="store_true", help="R1 without search")
+    return p.parse_args(argv)
+
+
+def build_manager(args):
+    from transformers import AutoTokenizer
+
+    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+    from search_r1.search.client import RetrieverClient
+    from verl.workers.rollout import build_rollout_engine
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    engine = build_rollout_engine({"name": args.engine, "dtype": args.dtype, "max_model_len": args.max_model_len},
+                                  args.model, tokenizer)
+    config = GenerationConfig(max_turns=args.max_turns, max_start_length=args.max_model_len // 2,
+                              max_prompt_length=args.max_model_len - args.max_tokens,
+                              max_response_length=args.max_response_length, max_obs_length=args.max_obs_length,
+                              do_search=not args.no_search)
+    retriever = None if args.no_search else RetrieverClient(args.retriever_url, topk=args.topk)
+    return tokenizer, LLMGenerationManager(tokenizer, engine, config, retriever)
+
+
+def prompt_ids(tokenizer, question: str, template: str) -> list[int]:
+    from search_r1.prompts import make_prefix
+
+    text = make_prefix(question, template)
+    if tokenizer.chat_template:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                             add_generation_prompt=True)
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def answer(tokenizer, manager, question: str, args) -> str:
+    """Roll out one question, print the trajectory and return the final answer ('' if none)."""
+    from verl.protocol import DataProto
+    from verl.workers.rollout.base import SamplingParams
+
+    batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": [prompt_ids(tokenizer, question, args.template)]})
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
+    out = manager.run_llm_loop(batch, params)
+    width = out.batch["prompts"].shape[1]
+    real = out.batch["attention_mask"][0, width:].bool()
+    trajectory = tokenizer.decode(out.batch["responses"][0][real], skip_special_tokens=True)
+    print(trajectory)
+    stats = {k: int(out.batch[k][0]) for k in ("turns", "valid_search", "finished", "truncated")}
+    print(f"--- {stats} timing={ {k: round(v, 2) for k, v in out.meta_info['timing'].items()} }")
+    answers = re.findall(r"<answer>(.*?)</answer>", trajectory, re.DOTALL)
+    final = answers[-1].strip() if answers else ""
+    print(f"Final answer: {final or '(none)'}")
+    return final
+
+
+def main(argv=None) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = parse_args(argv)
+    tokenizer, manager = build_manager(args)
+    if args.question:
+        answer(tokenizer, manager, args.question, args)
+        return
+    while True:
+        try:
+            question = input("question> ").strip()
+        except EOFError:
+            break
+        if question in ("", "exit", "quit"):
+            break
+        answer(tokenizer, manager, question, args)
+
+
+if __name__ == "__main__":
+    main()
