@@ -43,6 +43,13 @@ def answer_hit(answers: list[str], hits: list[dict]) -> bool:
 
 
 @pytest.fixture(scope="session")
+def shared_corpus_dir() -> Path:
+    if not CORPUS_DIR.is_dir():
+        pytest.skip(f"shared data not found at {DATA}")
+    return CORPUS_DIR
+
+
+@pytest.fixture(scope="session")
 def hit_fn():
     """``answer_hit`` as a fixture (test modules here are not an importable package)."""
     return answer_hit

@@ -1,0 +1,91 @@
+"""RetrieverClient against real local servers that fail on purpose (503s, slowness, 4xx, no server)."""
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from search_r1.search.client import RetrieverClient, RetrieverError
+from search_r1.search.launcher import free_port
+
+
+def _ok(handler, body):
+    queries = json.loads(body)["queries"]
+    handler.send_json(200, {"result": [[{"document": {"id": q, "contents": f'"{q}"\ntext'}}] for q in queries]})
+
+
+def test_retries_5xx_then_succeeds(scripted_server):
+    def script(handler, body):
+        if len(handler.server.calls) <= 2:
+            handler.send_json(503, {"detail": "warming up"})
+        else:
+            _ok(handler, body)
+
+    server = scripted_server(script)
+    client = RetrieverClient(server.url, max_retries=3, backoff=0.01)
+    assert client.retrieve(["a"])[0][0]["document"]["id"] == "a"
+    assert len(server.calls) == 3
+
+
+def test_gives_up_after_retries_naming_url(scripted_server):
+    server = scripted_server(lambda handler, body: handler.send_json(500, {"detail": "boom"}))
+    client = RetrieverClient(server.url, max_retries=2, backoff=0.01)
+    with pytest.raises(RetrieverError, match=f"{server.url}/retrieve.*3 attempts.*HTTP 500.*boom"):
+        client.retrieve(["a"])
+    assert len(server.calls) == 3
+
+
+def test_4xx_is_not_retried(scripted_server):
+    server = scripted_server(lambda handler, body: handler.send_json(422, {"detail": "topk: bad"}))
+    with pytest.raises(RetrieverError, match="HTTP 422.*topk"):
+        RetrieverClient(server.url, max_retries=3, backoff=0.01).retrieve(["a"])
+    assert len(server.calls) == 1
+
+
+def test_timeout_is_retried_then_reported(scripted_server):
+    def slow(handler, body):
+        time.sleep(1.0)
+        _ok(handler, body)
+
+    server = scripted_server(slow)
+    client = RetrieverClient(server.url, timeout=0.2, max_retries=1, backoff=0.01)
+    start = time.monotonic()
+    with pytest.raises(RetrieverError, match="2 attempts.*Timeout"):
+        client.retrieve(["a"])
+    assert time.monotonic() - start < 1.5 and len(server.calls) == 2
+
+
+def test_connection_refused_names_url():
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(RetrieverError, match=f"{url}/retrieve.*ConnectError"):
+        RetrieverClient(url, max_retries=1, backoff=0.01).retrieve(["a"])
+
+
+def test_batches_and_order(scripted_server):
+    server = scripted_server(_ok)
+    queries = [f"q{i}" for i in range(10)]
+    client = RetrieverClient(server.url + "/retrieve", batch_size=4, max_concurrency=2)
+    results = client.retrieve(queries)
+    assert [hits[0]["document"]["id"] for hits in results] == queries
+    sizes = sorted(len(json.loads(body)["queries"]) for body in server.calls)
+    assert sizes == [2, 4, 4]
+    assert client.retrieve([]) == []
+
+
+def test_sync_retrieve_inside_running_loop(scripted_server):
+    server = scripted_server(_ok)
+    client = RetrieverClient(server.url)
+
+    async def caller():
+        return client.retrieve(["inside"])  # e.g. a sync rollout step called from async code
+
+    assert asyncio.run(caller())[0][0]["document"]["id"] == "inside"
+
+
+def test_real_server_render(dense_server):
+    client = RetrieverClient(dense_server.url, topk=2)
+    results = asyncio.run(client.aretrieve(["when was the last moon landing"]))
+    text = client.render(results)[0]
+    assert text.startswith("\n\n<information>Doc 1(Title: ") and "Doc 2(Title: " in text
+    assert text.endswith("</information>\n\n")
