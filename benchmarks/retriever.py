@@ -1,0 +1,191 @@
+"""Retrieval server throughput/latency: micro-batched server vs one-request-at-a-time baseline.
+
+    flock /tmp/heavy.lock python benchmarks/retriever.py [--vectors_dir DIR] [--quick]
+
+Serves the full shared corpus (all ../shared/data/corpus/*.jsonl passages, ~30k) with a MiniLM Flat
+index and a bm25s index. For each backend it starts two real servers on 127.0.0.1: the default
+(dynamic micro-batching) and ``--no_batching`` (each request encoded and searched alone, in arrival
+order: Search-R1's design, the baseline). Load: 1, 16 and 64 concurrent clients each sending
+single-query requests, and one client sending requests of 1, 32 and 256 queries. Reports QPS, p50/p99
+latency, ratios to the baseline, and where server time goes (encode / search / the rest, i.e. HTTP,
+JSON and queueing), from the server's ``/stats`` counters. Writes benchmarks/results/retriever.json.
+
+Encoding 30k passages with MiniLM takes ~30 min on 2 busy CPU cores, so the index is cached under
+~/.cache/search_r1/bench_retriever. ``--vectors_dir`` imports passage vectors computed elsewhere by
+the same ``Encoder`` (e.g. on a GPU: ``vec*.npy`` parts in corpus order) instead of encoding here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import glob
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from search_r1.search.launcher import launch_server  # noqa: E402
+
+SHARED = REPO.parent / "shared" / "data"
+
+
+def corpus_files() -> list[str]:
+    return [p for p in sorted(glob.glob(str(SHARED / "corpus" / "*.jsonl"))) if not p.endswith(".searches.jsonl")]
+
+
+def prepare_indexes(cache: Path, vectors_dir: str | None) -> dict[str, Path]:
+    """Concatenated corpus, MiniLM Flat index and BM25 index, built once and cached."""
+    from search_r1.search import index_builder
+
+    cache.mkdir(parents=True, exist_ok=True)
+    corpus = cache / "corpus.jsonl"
+    if not corpus.exists():
+        with open(corpus, "w") as out:
+            for path in corpus_files():
+                out.write(Path(path).read_text())
+    dense = cache / "minilm_Flat.index"
+    if not Path(str(dense) + ".meta.json").exists():
+        if vectors_dir:
+            import_vectors(corpus, dense, vectors_dir)
+        else:
+            index_builder.main(["--retrieval_method", "minilm", "--corpus_path", str(corpus),
+                                "--save_dir", str(cache), "--device", "cpu"])
+    if not (cache / "bm25" / "search_r1_meta.json").exists():
+        index_builder.main(["--retrieval_method", "bm25", "--corpus_path", str(corpus), "--save_dir", str(cache)])
+    return {"corpus": corpus, "dense": dense, "bm25": cache / "bm25"}
+
+
+def import_vectors(corpus: Path, index_path: Path, vectors_dir: str) -> None:
+    """Build the Flat index from precomputed MiniLM vectors and write the usual meta."""
+    import faiss
+
+    from search_r1.search.corpus import load_corpus
+    from search_r1.search.encoders import resolve_encoder_spec
+    from search_r1.search.index_builder import _meta
+
+    parts = sorted(glob.glob(os.path.join(vectors_dir, "vec*.npy")))
+    vectors = np.concatenate([np.load(p) for p in parts]).astype(np.float32)
+    rows = load_corpus(corpus)
+    if len(vectors) != len(rows):
+        raise ValueError(f"{vectors_dir}: {len(vectors)} vectors for {len(rows)} passages")
+    index = faiss.IndexFlatIP(vectors.shape[1])
+    index.add(vectors)
+    faiss.write_index(index, str(index_path))
+    meta = _meta("minilm", rows, str(corpus), encoder=resolve_encoder_spec("minilm"), faiss_type="Flat",
+                 dim=int(vectors.shape[1]))
+    meta.extra = {"vectors": f"imported from {vectors_dir} (GPU fp16 encode of the same Encoder)"}
+    meta.save(index_path)
+
+
+def load_queries(n: int) -> list[str]:
+    questions = []
+    for name in ("nq/test.jsonl", "hotpotqa/dev.jsonl"):
+        with open(SHARED / "qa" / name) as handle:
+            questions += [json.loads(line)["question"] for _, line in zip(range(n), handle)]
+    return questions
+
+
+async def run_load(url: str, queries: list[str], concurrency: int, per_request: int, num_requests: int) -> dict:
+    """``concurrency`` clients in a closed loop, ``num_requests`` requests of ``per_request`` queries."""
+    latencies: list[float] = []
+    counter = iter(range(num_requests))
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        for i in counter:
+            batch = [queries[(i * per_request + j) % len(queries)] for j in range(per_request)]
+            start = time.perf_counter()
+            response = await client.post(url + "/retrieve", json={"queries": batch, "topk": 3})
+            response.raise_for_status()
+            latencies.append(time.perf_counter() - start)
+
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+        before = (await client.get(url + "/stats")).json()
+        start = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+        after = (await client.get(url + "/stats")).json()
+    return summarize(latencies, wall, num_requests * per_request, before, after)
+
+
+def summarize(latencies: list[float], wall: float, num_queries: int, before: dict, after: dict) -> dict:
+    delta = {k: after[k] - before[k] for k in ("batches", "queries", "encode_s", "search_s", "compute_s")}
+    ordered = sorted(latencies)
+    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
+    return {"qps": num_queries / wall, "requests": len(latencies), "wall_s": wall,
+            "p50_ms": 1000 * statistics.median(ordered), "p99_ms": 1000 * p99,
+            "mean_batch_queries": delta["queries"] / max(delta["batches"], 1),
+            "time_share": {"encode": delta["encode_s"] / wall, "search": delta["search_s"] / wall,
+                           "other_http_json_queue": max(0.0, 1 - delta["compute_s"] / wall)},
+            "server_ms_per_query": {"encode": 1000 * delta["encode_s"] / max(delta["queries"], 1),
+                                    "search": 1000 * delta["search_s"] / max(delta["queries"], 1)}}
+
+
+def bench_server(args_list: list[str], queries: list[str], quick: bool) -> dict:
+    scale = 0.25 if quick else 1.0
+    plan = {"concurrent_1": (1, 1, 40), "concurrent_16": (16, 1, 160), "concurrent_64": (64, 1, 384),
+            "batch_1": (1, 1, 40), "batch_32": (1, 32, 8), "batch_256": (1, 256, 2)}
+    out = {}
+    with launch_server(args_list, startup_timeout=600) as server:
+        asyncio.run(run_load(server.url, queries, 4, 1, 8))  # warm-up
+        for name, (concurrency, per_request, num_requests) in plan.items():
+            n = max(2, int(num_requests * scale)) if per_request == 1 else num_requests
+            out[name] = asyncio.run(run_load(server.url, queries, concurrency, per_request, n))
+            print(f"  {name}: {out[name]['qps']:.1f} q/s, p50 {out[name]['p50_ms']:.0f} ms, "
+                  f"p99 {out[name]['p99_ms']:.0f} ms, batch {out[name]['mean_batch_queries']:.1f}", flush=True)
+    return out
+
+
+def machine_info() -> dict:
+    import torch
+
+    return {"platform": platform.platform(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "loadavg": os.getloadavg()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cache_dir", default=str(Path.home() / ".cache" / "search_r1" / "bench_retriever"))
+    parser.add_argument("--vectors_dir", default=None)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the requests")
+    parser.add_argument("--output", default=str(REPO / "benchmarks" / "results" / "retriever.json"))
+    args = parser.parse_args()
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    paths = prepare_indexes(Path(args.cache_dir), args.vectors_dir)
+    queries = load_queries(300)
+    common = ["--corpus_path", str(paths["corpus"]), "--max_queries", "512", "--topk", "3"]
+    servers = {"dense": ["--index_path", str(paths["dense"]), "--retriever_name", "minilm", *common],
+               "bm25": ["--index_path", str(paths["bm25"]), "--retriever_name", "bm25", *common]}
+    results = {}
+    for kind, server_args in servers.items():
+        for mode, extra in (("batched", []), ("baseline", ["--no_batching"])):
+            print(f"{kind} / {mode}", flush=True)
+            results[f"{kind}_{mode}"] = bench_server(server_args + extra, queries, args.quick)
+    ratios = {f"{kind}_{name}": results[f"{kind}_batched"][name]["qps"] / results[f"{kind}_baseline"][name]["qps"]
+              for kind in servers for name in results[f"{kind}_batched"]}
+    report = {"benchmark": "retriever", "command": " ".join([sys.executable, *sys.argv]),
+              "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                       text=True).stdout.strip(),
+              "machine": machine_info(), "corpus_passages": sum(1 for _ in open(paths["corpus"])),
+              "goal": "dense concurrent_64 qps ratio >= 5", "qps_ratio_batched_vs_baseline": ratios,
+              "results": results}
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Start the retrieval server (flags as in Search-R1's retrieval_launch.sh).
+# Defaults: the e5 wiki-18 index of Search-R1; override with environment variables, e.g.
+#   INDEX=indexes/minilm_Flat.index CORPUS=example/corpus.jsonl RETRIEVER=minilm ./retrieval_launch.sh
+# Extra arguments are passed through (e.g. --port 8001 --host 0.0.0.0 --no_batching).
+set -euo pipefail
+
+file_path=${FILE_PATH:-/the/path/you/save/corpus}
+index_file=${INDEX:-$file_path/e5_Flat.index}
+corpus_file=${CORPUS:-$file_path/wiki-18.jsonl}
+retriever_name=${RETRIEVER:-e5}
+retriever_path=${RETRIEVER_MODEL:-}
+topk=${TOPK:-3}
+
+gpu_flag=()
+if [[ "${FAISS_GPU:-auto}" == "1" ]] || { [[ "${FAISS_GPU:-auto}" == "auto" ]] && command -v nvidia-smi >/dev/null 2>&1; }; then
+  gpu_flag=(--faiss_gpu)
+fi
+model_flag=()
+if [[ -n "$retriever_path" ]]; then model_flag=(--retriever_model "$retriever_path"); fi
+
+exec python -m search_r1.search.retrieval_server --index_path "$index_file" \
+  --corpus_path "$corpus_file" \
+  --topk "$topk" \
+  --retriever_name "$retriever_name" \
+  "${model_flag[@]}" "${gpu_flag[@]}" "$@"
