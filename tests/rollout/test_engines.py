@@ -51,7 +51,7 @@ def test_sampling_n_adjacent_and_seeded(vllm_engine, hf_engine, prompts):
 
 def perturbed_state(smollm2_path, scale: float = 0.02, seed: int = 0):
     from transformers import AutoModelForCausalLM
-    model = AutoModelForCausalLM.from_pretrained(smollm2_path, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for param in model.parameters():

@@ -106,7 +106,7 @@ class HFRolloutEngine(RolloutEngine):
             if model_path is None:
                 raise ValueError("HFRolloutEngine needs a model or a model_path")
             from transformers import AutoModelForCausalLM
-            model = AutoModelForCausalLM.from_pretrained(model_path, torch_dtype=dtype).to(device)
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device)
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
