@@ -3,8 +3,8 @@
     python scripts/quickstart.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
                                  [--retriever-url URL] [--no-retriever] [key=value ...]
 
-1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` with ``scripts/data_process/nq_search.py``
-   when they are missing;
+1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` when they are missing (NQ + HotpotQA
+   train, the seven QA sources' test sets, as in the paper; ``scripts/data_process/qa_search_*_merge.py``);
 2. optional warm start (``WARM_START=1``): the SFT step of issue 8 runs once and its checkpoint
    becomes the initial policy (hook: :func:`maybe_warm_start`);
 3. if no retriever answers at ``--retriever-url``: builds a BM25 index over ``--corpus`` once
@@ -56,7 +56,10 @@ def ensure_data(data_dir: Path, qa_dir: Path) -> None:
         return
     if not qa_dir.is_dir():
         raise SystemExit(f"error: no {data_dir}/train.parquet and no QA folder {qa_dir} to build it from")
-    run([sys.executable, "scripts/data_process/nq_search.py", "--local_dir", str(data_dir),
+    # The paper's mix: NQ + HotpotQA for training, the seven QA sources for evaluation.
+    run([sys.executable, "scripts/data_process/qa_search_train_merge.py", "--local_dir", str(data_dir),
+         "--data_sources", "nq,hotpotqa", "--input_dir", str(qa_dir)])
+    run([sys.executable, "scripts/data_process/qa_search_test_merge.py", "--local_dir", str(data_dir),
          "--input_dir", str(qa_dir)])
 
 
