@@ -17,12 +17,18 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def run_metadata() -> dict:
-    """Commit, command line, machine and library versions, for every report."""
-    try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        commit = "unknown"
+    """Commit, command line, machine and library versions, for every report.
+
+    The device machine receives a copy of the tree without ``.git``: there the caller passes the
+    commit in ``SEARCH_R1_COMMIT``.
+    """
+    commit = os.environ.get("SEARCH_R1_COMMIT", "")
+    if not commit:
+        try:
+            commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                                    cwd=Path(__file__).parent).stdout.strip() or "unknown"
+        except OSError:
+            commit = "unknown"
     from importlib import metadata
 
     versions = {}
