@@ -32,6 +32,7 @@ def test_two_ranks_match_single_process(ray_cpu_pool, tiny_qwen_path, configs, b
         torch.testing.assert_close(group_log_probs, single_log_probs, atol=1e-5, rtol=0)
         group_metrics = group.update_actor(data).meta_info["metrics"]
         group.export_hf(str(tmp_path / "group"))
+        group.save_checkpoint(str(tmp_path / "ckpt_2_ranks"), global_step=1)
     finally:
         group.shutdown()
 
@@ -45,3 +46,10 @@ def test_two_ranks_match_single_process(ray_cpu_pool, tiny_qwen_path, configs, b
     assert changed > 1e-4, "the update did not move the weights; the comparison would be vacuous"
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+
+    # a checkpoint written by 2 ranks loads into 1 rank (DCP reshards model and optimizer)
+    single.load_checkpoint(str(tmp_path / "ckpt_2_ranks"))
+    single.export_hf(str(tmp_path / "resharded"))
+    resharded = load_file(str(tmp_path / "resharded" / "model.safetensors"))
+    for name in got:
+        torch.testing.assert_close(resharded[name], got[name], atol=0, rtol=0, msg=name)

@@ -78,27 +78,15 @@ def _metrics_proto(metrics: dict[str, float]) -> DataProto:
     return DataProto.from_dict(meta_info={"metrics": metrics})
 
 
-def build_rollout(rollout_config: DictConfig, model_path: str, tokenizer, model_config: DictConfig):
-    """The rollout engine: ``verl.workers.rollout.build_rollout_engine`` (vLLM or HF).
+def build_rollout(rollout_config: DictConfig, model_path: str, tokenizer):
+    """The colocated rollout engine (``verl.workers.rollout.build_rollout_engine``: vLLM or HF).
 
-    Seam: when the rollout package offers no factory, ``name=hf`` falls back to
-    :class:`~verl.workers.rollout.hf_rollout.HFRolloutEngine` loaded from ``model_path``.
-
-    Raises:
-        ValueError: an engine name the installed rollout package cannot build.
+    The engine loads its own copy of ``model_path`` (the FSDP actor's weights are sharded); after
+    each actor update :meth:`ActorRolloutRefWorker._sync_rollout_weights` pushes the new ones.
     """
-    import verl.workers.rollout as rollout_pkg
+    from verl.workers.rollout import build_rollout_engine
 
-    factory = getattr(rollout_pkg, "build_rollout_engine", None)
-    if factory is not None:
-        return factory(rollout_config, model_path, tokenizer, trust_remote_code=bool(
-            model_config.get("trust_remote_code", False)))
-    if rollout_config.get("name", "vllm") == "hf":
-        from verl.workers.rollout.hf_rollout import HFRolloutEngine
-
-        return HFRolloutEngine(tokenizer, model_path=model_path, device=fsdp_utils.device_name())
-    raise ValueError(f"rollout.name={rollout_config.get('name')!r}: verl.workers.rollout has no "
-                     "build_rollout_engine; only 'hf' can be built")
+    return build_rollout_engine(rollout_config, model_path, tokenizer)
 
 
 def _sampling_params(meta_info: dict, rollout_config: DictConfig):
@@ -191,7 +179,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if self._is_ref:
             self._init_ref()
         if self._is_rollout:
-            self.rollout_engine = build_rollout(self.config.rollout, model_cfg.path, self.tokenizer, model_cfg)
+            self.rollout_engine = build_rollout(self.config.rollout, model_cfg.path, self.tokenizer)
             if self._is_actor and lora.is_lora_model(self.actor_module):
                 self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
 
