@@ -8,7 +8,7 @@
 2. optional warm start (``WARM_START=1``): the SFT step of issue 8 runs once and its checkpoint
    becomes the initial policy (hook: :func:`maybe_warm_start`);
 3. if no retriever answers at ``--retriever-url``: builds a BM25 index over ``--corpus`` once
-   (cached beside it) and starts a retrieval server in the background, stopped at the end;
+   (cached under ``--data-dir``) and starts a retrieval server in the background, stopped at the end;
 4. runs ``python -m verl.trainer.main_ppo`` with the remaining ``key=value`` overrides.
 """
 
@@ -35,7 +35,7 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--data-dir", default="data/example_search")
     parser.add_argument("--qa-dir", default="example/qa", help="FlashRAG-style QA jsonl folder")
     parser.add_argument("--corpus", default="example/corpus.jsonl")
-    parser.add_argument("--index-dir", default=None, help="default: <corpus>.bm25 beside the corpus")
+    parser.add_argument("--index-dir", default=None, help="default: <data-dir>/<corpus name>.bm25")
     parser.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve")
     parser.add_argument("--no-retriever", action="store_true", help="never start a retrieval server")
     args, overrides = parser.parse_known_args(argv)
@@ -102,7 +102,8 @@ def local_retriever(args: argparse.Namespace):
         yield
         return
     corpus = (REPO / args.corpus).resolve()
-    index_dir = Path(args.index_dir) if args.index_dir else corpus.with_suffix(".bm25")
+    # Built indexes live with the prepared data (ignored by git), not beside the tracked corpus.
+    index_dir = Path(args.index_dir) if args.index_dir else REPO / args.data_dir / f"{corpus.stem}.bm25"
     build_index(corpus, index_dir)
     parsed = urlparse(args.retriever_url)
     cmd = [sys.executable, "-m", "search_r1.search.retrieval_server", "--retriever_name", "bm25",
