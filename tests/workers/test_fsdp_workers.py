@@ -122,3 +122,27 @@ def test_critic_values_and_update(tiny_qwen_path, configs, batch_factory):
     assert losses[-1] < losses[0], losses
     for key in ["critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr"]:
         assert key in metrics
+
+
+def test_lora_actor_reference_is_base_and_export_merges(tiny_qwen_path, configs, batch_factory, tmp_path):
+    config = configs[0](tiny_qwen_path)
+    config["model"].update(lora_rank=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    worker = ActorRolloutRefWorker(config, role="actor_rollout_ref")
+    worker.init_model()
+    assert worker.ref_module is None  # no second model: the base with adapters off
+    data = _prepared_batch(worker, batch_factory, seed=6)
+    base_log_probs = data.batch["ref_log_probs"].clone()
+    for _ in range(2):  # lora_B starts at 0: the first step moves only lora_B, the second changes outputs
+        data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+        worker.update_actor(data)
+    new_log_probs = worker.compute_log_prob(data).batch["old_log_probs"]
+    assert (new_log_probs - base_log_probs).abs().max() > 1e-6
+    torch.testing.assert_close(worker.compute_ref_log_prob(data).batch["ref_log_probs"], base_log_probs,
+                               atol=1e-6, rtol=0)
+    worker.export_hf(str(tmp_path / "merged"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    ids, mask = data.batch["input_ids"], data.batch["attention_mask"]
+    with torch.no_grad():
+        expected = worker.actor_module(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        got = loaded(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
