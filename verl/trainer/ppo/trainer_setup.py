@@ -101,7 +101,8 @@ def build_reward_fn(cfg: DictConfig, tokenizer, num_examine: int):
     from verl.workers.reward_manager import RewardManager
 
     rm = cfg.reward_model
-    compute_score = functools.partial(default_compute_score, structure_format_score=rm.structure_format_score,
+    compute_score = functools.partial(default_compute_score, format_score=rm.format_score,
+                                      structure_format_score=rm.structure_format_score,
                                       final_format_score=rm.final_format_score, retrieval_score=rm.retrieval_score)
     return RewardManager(tokenizer, compute_score, num_examine)
 

@@ -35,9 +35,10 @@ def build_rollout_engine(rollout_config: Mapping | None, model_path: str, tokeni
     """Build the engine named by ``rollout_config.name`` (``"vllm"`` | ``"hf"``; default: vllm if installed).
 
     Keys read (all optional): ``name``, ``dtype`` (default float32), ``max_model_len`` (2048),
-    ``tensor_parallel_size`` (1), ``gpu_memory_utilization`` (0.5), ``enforce_eager`` (True),
+    ``tensor_model_parallel_size`` (1; ``tensor_parallel_size`` also read), ``gpu_memory_utilization`` (0.5), ``enforce_eager`` (True),
     ``executor_backend`` (vLLM executor, see vllm_rollout.py), ``kv_cache_space_gib`` (CPU KV cache,
-    GiB), ``seed`` (0), ``max_batch_size`` (hf: rows decoded together, 64). ``overrides`` win over
+    GiB), ``seed`` (0), ``max_batch_size`` (hf: rows decoded together, 64), ``device`` (hf: cuda when
+    available, else cpu; ignored when ``model`` is given). ``overrides`` win over
     the config.
 
     Args:
@@ -55,7 +56,7 @@ def build_rollout_engine(rollout_config: Mapping | None, model_path: str, tokeni
         from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine
         return VLLMRolloutEngine(
             model_path, dtype=str(get("dtype", "float32")), max_model_len=int(get("max_model_len", 2048)),
-            tensor_parallel_size=int(get("tensor_parallel_size", 1)),
+            tensor_parallel_size=int(get("tensor_model_parallel_size", get("tensor_parallel_size", 1))),
             gpu_memory_utilization=float(get("gpu_memory_utilization", 0.5)),
             enforce_eager=bool(get("enforce_eager", True)), executor_backend=get("executor_backend", None),
             kv_cache_space_gib=get("kv_cache_space_gib", None), seed=int(get("seed", 0)))
@@ -63,6 +64,7 @@ def build_rollout_engine(rollout_config: Mapping | None, model_path: str, tokeni
         import torch
         from verl.workers.rollout.hf_rollout import HFRolloutEngine
         dtype = getattr(torch, str(get("dtype", "float32")))
-        return HFRolloutEngine(tokenizer, model=model, model_path=model_path, dtype=dtype,
+        device = get("device", "cuda" if torch.cuda.is_available() else "cpu")
+        return HFRolloutEngine(tokenizer, model=model, model_path=model_path, dtype=dtype, device=device,
                                max_batch_size=int(get("max_batch_size", 64)))
     raise ValueError(f"rollout.name must be one of {ENGINE_NAMES}, got {name!r}")
