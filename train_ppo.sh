@@ -30,7 +30,9 @@ if [ "${N_GPUS}" -gt 0 ]; then
     trainer.total_epochs=15 trainer.total_training_steps=1005 trainer.save_freq=100 trainer.test_freq=50
   )
 else
-  # Embedded default: small enough for 2 CPU cores in minutes.
+  # Embedded default: small enough for 2 CPU cores in minutes. SmolLM2 first gets a short SFT warm
+  # start (cached after the first run) so that GRPO/PPO groups have reward spread (docs/sft.md).
+  export WARM_START=${WARM_START:-1}
   BASE_MODEL=${BASE_MODEL:-$($PYTHON -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())')}
   DATA_DIR=${DATA_DIR:-data/example_search}
   EXPERIMENT_NAME=${EXPERIMENT_NAME:-example-ppo-smollm2}

@@ -32,11 +32,13 @@ def _hf_state(folder: Path) -> dict[str, torch.Tensor]:
     return AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).state_dict()
 
 
-@pytest.mark.parametrize("algo", ["ppo", "grpo"])
-def test_full_step_through_ray(algo, tiny_qwen_path, qa_parquet, retriever_url, tmp_path):
+@pytest.mark.parametrize("algo,engine", [("ppo", "hf"), ("grpo", "vllm")])
+def test_full_step_through_ray(algo, engine, tiny_qwen_path, qa_parquet, retriever_url, tmp_path):
+    """One step through Ray; GRPO runs the real vLLM CPU engine colocated in the actor worker
+    (generation, then the weight push after the update)."""
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, algo) + [
-        "trainer.backend=ray", "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.test_freq=1",
+        f"actor_rollout_ref.rollout.name={engine}", "trainer.backend=ray", "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.test_freq=1",
         f"trainer.validation_data_dir={tmp_path / 'val'}"]
     _check_ok(run_main(overrides))
     metrics = read_metrics(out)[-1]
