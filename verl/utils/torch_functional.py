@@ -5,7 +5,10 @@
 * padding / unpadding: packing the valid tokens of a left/right padded batch into one row with
   per-sequence restarting ``position_ids`` (the "remove padding" path), and scattering per-token
   outputs back to the padded layout;
-* masked reductions.
+* the same statistics straight from the last hidden states, a chunk of tokens at a time
+  (:func:`chunked_logprobs_entropy`), so ``(tokens, vocab)`` logits never exist at once;
+* packing into several rows of bounded length (:func:`pack_sequences_rows`);
+* masked reductions and one-sync metric conversion.
 
 Shapes use B = rows, T = total (prompt + response) length, N = number of valid tokens in the batch.
 """
@@ -16,6 +19,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 def logprobs_from_logits(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -194,3 +198,113 @@ def build_optimizer(params, optim_config) -> torch.optim.AdamW:
     betas = tuple(optim_config.get("betas", (0.9, 0.999)) or (0.9, 0.999))
     return torch.optim.AdamW(params, lr=lr, betas=betas, eps=float(optim_config.get("eps", 1e-8) or 1e-8),
                              weight_decay=float(optim_config.get("weight_decay", 0.01) or 0.0))
+
+
+def pack_sequences_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
+                        max_row_len: int, row_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                                           torch.Tensor]:
+    """Pack the valid tokens of every row into ``k`` rows of at most ``max_row_len`` tokens.
+
+    Like :func:`pack_sequences`, but sdpa/eager attention builds a dense block-diagonal mask over
+    each packed row, costing ``O(row_len^2)``; several short packed rows keep that small while
+    wasting little compute on padding. Rows are grouped with the balanced partition of
+    :mod:`verl.utils.seqlen_balancing`; each packed row's tail is filled with a dummy sequence
+    (token 0, positions ``0, 1, ...``) that attends only to itself and whose outputs are dropped.
+
+    Args:
+        input_ids, attention_mask, position_ids: ``(B, T)`` as for :func:`pack_sequences`.
+        max_row_len: token budget of one packed row (raised to the longest row if that is longer).
+        row_multiple: round the packed row length up to a multiple of this (fewer distinct shapes
+            for compiled kernels such as flex attention; the extra slots are filler).
+    Returns:
+        ``packed_ids`` ``(k, L)``, ``packed_position_ids`` ``(k, L)``, ``src`` ``(N,)`` indices of
+        the valid tokens in the flattened ``(B*T,)`` batch and ``dst`` ``(N,)`` their indices in the
+        flattened ``(k*L,)`` packed batch (``src[i]`` sits at ``dst[i]``).
+    Raises:
+        ValueError: a row's valid positions do not start at 0.
+    """
+    from verl.utils.seqlen_balancing import rearrange_micro_batches
+
+    _, flat_pos, _ = pack_sequences(input_ids, attention_mask, position_ids)  # validates positions
+    del flat_pos
+    seqlen = input_ids.shape[1]
+    lens = attention_mask.long().sum(-1).tolist()
+    starts = attention_mask.long().argmax(-1).tolist()
+    groups = rearrange_micro_batches(lens, max(int(max_row_len), max(lens) if lens else 1))
+    row_len = max(sum(lens[r] for r in g) for g in groups)
+    row_len = -(-row_len // max(1, int(row_multiple))) * max(1, int(row_multiple))
+    src, dst = [], []
+    for k, group in enumerate(groups):
+        offset = k * row_len
+        for r in group:
+            src.append(torch.arange(r * seqlen + starts[r], r * seqlen + starts[r] + lens[r]))
+            dst.append(torch.arange(offset, offset + lens[r]))
+            offset += lens[r]
+    device = input_ids.device
+    src, dst = torch.cat(src).to(device), torch.cat(dst).to(device)
+    # Tail filler: positions restart at 0 after the last real token of each packed row.
+    slot = torch.arange(len(groups) * row_len, device=device)
+    used = torch.zeros_like(slot, dtype=torch.bool)
+    used[dst] = True
+    fill_start = slot - slot % row_len + used.view(len(groups), row_len).sum(-1).repeat_interleave(row_len)
+    packed_pos = torch.where(used, slot, slot - fill_start).clone()
+    packed_ids = torch.zeros_like(slot, dtype=input_ids.dtype)
+    packed_ids[dst] = input_ids.reshape(-1)[src]
+    packed_pos[dst] = position_ids.reshape(-1)[src].to(packed_pos.dtype)
+    return packed_ids.view(len(groups), row_len), packed_pos.view(len(groups), row_len), src, dst
+
+
+def _token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, labels: torch.Tensor,
+                 temperature: float, with_entropy: bool) -> torch.Tensor:
+    logits = F.linear(hidden, weight, bias).float() / temperature
+    lse = torch.logsumexp(logits, dim=-1)
+    stats = [torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - lse]
+    if with_entropy:
+        stats.append(lse - (torch.softmax(logits, dim=-1) * logits).sum(-1))
+    return torch.stack(stats, dim=-1)
+
+
+def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                             bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = 4096,
+                             calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropy) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
+
+    Never holds more than ``chunk_size`` tokens' logits: with a 152k vocabulary, fp32 logits of a
+    16k-token micro-batch alone are 10 GB. Under autograd each chunk is checkpointed, so its logits
+    are recomputed in backward instead of being kept.
+
+    Args:
+        hidden: ``(N, d)`` last hidden states (the LM head's input).
+        weight: ``(V, d)`` LM head weight; ``bias`` ``(V,)`` or None.
+        labels: ``(N,)`` target token ids.
+    Returns:
+        ``log_probs`` ``(N,)`` and ``entropy`` ``(N,)`` (or None), fp32, nats.
+    """
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"hidden {tuple(hidden.shape)} and labels {tuple(labels.shape)} disagree on leading dims")
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    chunks = []
+    for start in range(0, hidden.shape[0], chunk_size):
+        args = (hidden[start:start + chunk_size], weight, bias, labels[start:start + chunk_size],
+                temperature, calculate_entropy)
+        if needs_grad:
+            chunks.append(torch.utils.checkpoint.checkpoint(_token_stats, *args, use_reentrant=False))
+        else:
+            chunks.append(_token_stats(*args))
+    if not chunks:
+        stats = hidden.new_zeros((0, 2 if calculate_entropy else 1), dtype=torch.float32)
+    else:
+        stats = torch.cat(chunks, dim=0)
+    return stats[:, 0], (stats[:, 1] if calculate_entropy else None)
+
+
+def metrics_to_floats(metrics: dict) -> dict[str, float]:
+    """Python floats from a mix of floats and 0-d tensors, with a single device-to-host copy."""
+    keys = [k for k, v in metrics.items() if torch.is_tensor(v)]
+    out = {k: float(v) for k, v in metrics.items() if not torch.is_tensor(v)}
+    if keys:
+        values = torch.stack([metrics[k].detach().float().reshape(()) for k in keys]).cpu().tolist()
+        out.update(zip(keys, values))
+    return out

@@ -33,7 +33,8 @@ _FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
 
 def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, use_remove_padding: bool = False,
-                      calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      calculate_entropy: bool = False, logits_chunk_size: int = 0,
+                      max_packed_row_len: int = 0, packed_row_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens of one micro-batch.
 
     Args:
@@ -42,6 +43,17 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
             ``responses`` ``(B, R)``.
         temperature: the sampling temperature; logits are divided by it so the log-probs are those
             of the distribution the rollout sampled from.
+        logits_chunk_size: > 0: take the LM head's input (last hidden states) and compute logits
+            only for the response-predicting positions, ``logits_chunk_size`` tokens at a time
+            (:func:`verl.utils.torch_functional.chunked_logprobs_entropy`); the full ``(B, T, V)``
+            logits never exist. Falls back to full logits when the head is not a plain
+            ``nn.Linear`` or the model post-processes logits (soft-capping, scaling). The scores
+            are returned through the model's output (in place of its logits), so FSDP2 re-gathers
+            the head weight before their backward as it would for logits.
+        max_packed_row_len: with ``use_remove_padding``, pack into rows of at most this many
+            tokens (0: one row) so sdpa's dense block-diagonal mask stays ``O(row_len^2)``;
+            ``packed_row_multiple`` rounds the row length up (few distinct shapes for compiled
+            attention kernels such as flex attention).
     Returns:
         ``log_probs`` ``(B, R)`` and ``entropy`` ``(B, R)`` (or None), in nats, 0 where the response
         token is padding.
@@ -51,19 +63,29 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
     batch, seqlen = input_ids.shape
     response_length = micro["responses"].shape[1]
     labels = F.next_token_labels(input_ids)
+    src = dst = None
     if use_remove_padding:
-        packed_ids, packed_pos, indices = F.pack_sequences(input_ids, attention_mask, position_ids)
-        logits = model(input_ids=packed_ids, position_ids=packed_pos, use_cache=False).logits[0]
-        logits = logits.float() / temperature
-        log_probs = F.pad_packed(F.logprobs_from_logits(logits, labels.reshape(-1)[indices]), indices, batch, seqlen)
+        packed_ids, packed_pos, src, dst = F.pack_sequences_rows(input_ids, attention_mask, position_ids,
+                                                                 max_packed_row_len or input_ids.numel(),
+                                                                 packed_row_multiple)
+        inputs = {"input_ids": packed_ids, "position_ids": packed_pos}
+    else:
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    head = _plain_lm_head(model) if logits_chunk_size > 0 else None
+    if head is not None:
+        log_probs, entropy = _chunked_response_stats(model, head, inputs, labels, attention_mask, response_length,
+                                                     src, dst, temperature, logits_chunk_size, calculate_entropy)
+    elif use_remove_padding:
+        logits = model(**inputs, use_cache=False).logits
+        logits = logits.reshape(-1, logits.shape[-1])[dst].float() / temperature
+        log_probs = F.pad_packed(F.logprobs_from_logits(logits, labels.reshape(-1)[src]), src, batch, seqlen)
         log_probs = F.response_slice(log_probs, response_length)
         entropy = None
         if calculate_entropy:
-            entropy = F.response_slice(F.pad_packed(F.entropy_from_logits(logits), indices, batch, seqlen),
+            entropy = F.response_slice(F.pad_packed(F.entropy_from_logits(logits), src, batch, seqlen),
                                        response_length)
     else:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       use_cache=False).logits
+        logits = model(**inputs, use_cache=False).logits
         logits = F.response_slice(logits, response_length).float() / temperature
         log_probs = F.logprobs_from_logits(logits, F.response_slice(labels, response_length))
         entropy = F.entropy_from_logits(logits) if calculate_entropy else None
@@ -75,6 +97,65 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
     return log_probs, entropy
 
 
+def _plain_lm_head(model: nn.Module) -> nn.Linear | None:
+    """The output head if logits are exactly ``head(hidden)``, else None (use full logits)."""
+    getter = getattr(model, "get_output_embeddings", None)
+    head = getter() if callable(getter) else None
+    if type(head) is not nn.Linear:
+        return None
+    config = getattr(model, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    return head
+
+
+def _chunked_response_stats(model, head, inputs, labels, attention_mask, response_length, src, dst,
+                            temperature, chunk_size, calculate_entropy):
+    """Run the body, capture the head's input, and score only the response-predicting positions."""
+    batch, seqlen = attention_mask.shape
+    mask = attention_mask.bool()
+    # Output t predicts token t+1: keep t in the response range where both t and t+1 are real tokens.
+    want = torch.zeros_like(mask)
+    first = seqlen - response_length - 1
+    want[:, first:seqlen - 1] = mask[:, first:seqlen - 1] & mask[:, first + 1:]
+    wanted = torch.nonzero(want.reshape(-1)).squeeze(-1)
+    if src is None:
+        hidden_index = wanted
+    else:
+        lookup = torch.full((batch * seqlen,), -1, dtype=torch.long, device=wanted.device)
+        lookup[src] = dst
+        hidden_index = lookup[wanted]
+    captured = {}
+
+    def keep_hidden(module, args):
+        captured["hidden"] = args[0]
+        return (args[0][..., :0, :],)  # the head itself then produces empty logits
+
+    def score(module, args, output):
+        # Runs inside the model's forward (weights gathered) and becomes the model's "logits", so
+        # FSDP's pre-backward hook on the output re-gathers the weight for the chunks' recompute.
+        hidden = captured.pop("hidden")
+        hidden = hidden.reshape(-1, hidden.shape[-1])[hidden_index]
+        lp, ent = F.chunked_logprobs_entropy(hidden, module.weight, labels.reshape(-1)[wanted], module.bias,
+                                             temperature, chunk_size, calculate_entropy)
+        ent = ent if ent is not None else torch.zeros_like(lp)
+        return torch.stack([lp[None], ent[None]], dim=-1)  # (1, n, 2), a fresh tensor (not a view)
+
+    handles = [head.register_forward_pre_hook(keep_hidden), head.register_forward_hook(score)]
+    try:
+        stats = model(**inputs, use_cache=False).logits[0]
+    finally:
+        for handle in handles:
+            handle.remove()
+    lp, ent = stats[:, 0], (stats[:, 1] if calculate_entropy else None)
+
+    def to_response(values):
+        full = values.new_zeros(batch * seqlen).index_copy(0, wanted, values)
+        return F.response_slice(full.view(batch, seqlen), response_length)
+
+    return to_response(lp), (to_response(ent) if ent is not None else None)
+
+
 class DataParallelPPOActor:
     """PPO actor over a (sharded) causal LM.
 
@@ -84,7 +165,9 @@ class DataParallelPPOActor:
             ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``, ``ppo_epochs``, ``shuffle``,
             ``grad_clip``, ``clip_ratio*``, ``entropy_coeff``, ``loss_agg_mode``, ``use_kl_loss``,
             ``kl_loss_coef``, ``kl_loss_type``, ``tis_imp_ratio_cap`` (> 0 enables truncated IS),
-            ``tis_level``, ``tis_mode``, ``policy_loss.loss_mode``, ``use_remove_padding``.
+            ``tis_level``, ``tis_mode``, ``policy_loss.loss_mode``, ``use_remove_padding``; speed only
+            (same numbers): ``logits_chunk_size`` (default 4096, 0 = full logits),
+            ``max_packed_row_len`` (default 0 = one packed row), ``packed_row_multiple`` (default 1).
         actor_module: the model (FSDP2-wrapped or plain).
         actor_optimizer: None for a frozen model (reference: log-probs only).
     """
@@ -94,6 +177,14 @@ class DataParallelPPOActor:
         self.actor_module = actor_module
         self.actor_optimizer = actor_optimizer
         self.use_remove_padding = bool(config.get("use_remove_padding", False))
+        # Performance knobs (same numbers either way): see forward_log_probs.
+        self.logits_chunk_size = int(config.get("logits_chunk_size", 4096) or 0)
+        self.max_packed_row_len = int(config.get("max_packed_row_len", 0) or 0)
+        self.packed_row_multiple = int(config.get("packed_row_multiple", 1) or 1)
+
+    def _forward(self, micro, temperature: float, calculate_entropy: bool):
+        return forward_log_probs(self.actor_module, micro, temperature, self.use_remove_padding, calculate_entropy,
+                                 self.logits_chunk_size, self.max_packed_row_len, self.packed_row_multiple)
 
     # ------------------------------------------------------------------ log-probs
     def _micro_batches(self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None):
@@ -119,8 +210,7 @@ class DataParallelPPOActor:
         self.actor_module.eval()
         log_probs, entropys = [], []
         for micro in micros:
-            lp, ent = forward_log_probs(self.actor_module, micro, float(meta.get("temperature", 1.0)),
-                                        self.use_remove_padding, calculate_entropy)
+            lp, ent = self._forward(micro, float(meta.get("temperature", 1.0)), calculate_entropy)
             log_probs.append(lp)
             entropys.append(ent)
         self.actor_module.train(was_training)
@@ -180,13 +270,15 @@ class DataParallelPPOActor:
         loss_agg_mode = self.config.get("loss_agg_mode", "token-mean")
         weights = grad_accum_weights([m["response_mask"] for m in micros], loss_agg_mode)
         self.actor_optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = defaultdict(float)
+        # Metrics stay on the device (0-d tensors) until the end of the mini-batch: one host sync.
+        sums: dict[str, Any] = defaultdict(float)
         for micro, weight in zip(micros, weights):
             loss, micro_metrics = self._micro_batch_loss(micro, temperature, loss_agg_mode)
             (loss * weight).backward()
             sums["actor/pg_loss"] += micro_metrics.pop("actor/pg_loss") * weight
             for key, value in micro_metrics.items():
                 sums[key] += value / len(micros)
+        sums = F.metrics_to_floats(sums)
         from verl.utils.fsdp_utils import clip_grad_and_step
 
         grad_norm, stepped = clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.get("grad_clip"))
@@ -196,12 +288,11 @@ class DataParallelPPOActor:
         sums["actor/grad_norm_nonfinite"] = 0.0 if stepped else 1.0
         return dict(sums)
 
-    def _micro_batch_loss(self, micro, temperature: float, loss_agg_mode: str) -> tuple[torch.Tensor, dict[str, float]]:
+    def _micro_batch_loss(self, micro, temperature: float, loss_agg_mode: str) -> tuple[torch.Tensor, dict[str, Any]]:
         response_mask = micro["response_mask"].to(torch.float32)
         entropy_coeff = float(self.config.get("entropy_coeff", 0.0) or 0.0)
-        log_prob, entropy = forward_log_probs(self.actor_module, micro, temperature, self.use_remove_padding,
-                                              calculate_entropy=True)
-        metrics: dict[str, float] = {}
+        log_prob, entropy = self._forward(micro, temperature, calculate_entropy=True)
+        metrics: dict[str, Any] = {}  # floats or 0-d tensors (synced once per mini-batch)
         is_weights = None
         cap = float(self.config.get("tis_imp_ratio_cap", 0) or 0)
         if cap > 0:
@@ -215,7 +306,7 @@ class DataParallelPPOActor:
             rollout_is_weights=is_weights)
         metrics.update(pg_metrics)
         entropy_loss = core_algos.agg_loss(entropy, response_mask, loss_agg_mode)
-        metrics["actor/entropy"] = entropy_loss.item()
+        metrics["actor/entropy"] = entropy_loss.detach()
         loss = pg_loss
         if entropy_coeff != 0:
             loss = loss - entropy_coeff * entropy_loss
@@ -223,7 +314,8 @@ class DataParallelPPOActor:
             kl = core_algos.kl_penalty(log_prob, micro["ref_log_probs"], self.config.get("kl_loss_type", "low_var_kl"))
             kl_loss = core_algos.agg_loss(kl, response_mask, loss_agg_mode)
             loss = loss + float(self.config.get("kl_loss_coef", 0.001)) * kl_loss
-            metrics["actor/kl_loss"] = kl_loss.item()
+            metrics["actor/kl_loss"] = kl_loss.detach()
             metrics["actor/kl_coef"] = float(self.config.get("kl_loss_coef", 0.001))
-        metrics["actor/pg_loss"] = pg_loss.item()
+        metrics["actor/pg_loss"] = pg_loss.detach()
         return loss, metrics
+
