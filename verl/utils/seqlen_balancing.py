@@ -139,7 +139,8 @@ def grad_accum_weights(masks: list[torch.Tensor], loss_agg_mode: str, group=None
 
     world = dist.get_world_size(group) if dist.is_initialized() else 1
     if loss_agg_mode == "token-mean":
-        tokens = torch.tensor([float(m.sum()) for m in masks], dtype=torch.float64)
+        # one device-to-host copy for all micro-batches, not one per micro-batch
+        tokens = torch.stack([m.sum().double() for m in masks]).cpu() if masks else torch.zeros(0, dtype=torch.float64)
         total = tokens.sum().reshape(1)
         if world > 1:
             dist.all_reduce(total, group=group)

@@ -19,21 +19,26 @@ from verl.utils.fsdp_utils import clip_grad_and_step
 from verl.utils.seqlen_balancing import grad_accum_weights, restore_order, split_micro_batches
 
 
-def forward_values(model: nn.Module, micro: Any, use_remove_padding: bool = False) -> torch.Tensor:
+def forward_values(model: nn.Module, micro: Any, use_remove_padding: bool = False,
+                   max_packed_row_len: int = 0) -> torch.Tensor:
     """Values ``(B, R)`` of one micro-batch (0 where the response token is padding).
 
     Args:
         micro: mapping with ``input_ids``, ``attention_mask``, ``position_ids`` ``(B, T)`` and
             ``responses`` ``(B, R)``.
+        max_packed_row_len: with ``use_remove_padding``, pack into rows of at most this many tokens
+            (0: one row); keeps sdpa's dense block-diagonal mask small (see
+            :func:`verl.utils.torch_functional.pack_sequences_rows`).
     """
     input_ids, attention_mask = micro["input_ids"], micro["attention_mask"]
     position_ids = micro["position_ids"] if "position_ids" in micro.keys() else F.position_ids_from_mask(attention_mask)
     batch, seqlen = input_ids.shape
     response_length = micro["responses"].shape[1]
     if use_remove_padding:
-        packed_ids, packed_pos, indices = F.pack_sequences(input_ids, attention_mask, position_ids)
-        out = model(input_ids=packed_ids, position_ids=packed_pos, use_cache=False).logits[0, :, 0]
-        values = F.pad_packed(out.float(), indices, batch, seqlen)
+        packed_ids, packed_pos, src, dst = F.pack_sequences_rows(input_ids, attention_mask, position_ids,
+                                                                 max_packed_row_len or input_ids.numel())
+        out = model(input_ids=packed_ids, position_ids=packed_pos, use_cache=False).logits[..., 0]
+        values = F.pad_packed(out.reshape(-1)[dst].float(), src, batch, seqlen)
     else:
         values = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=False).logits[..., 0].float()
@@ -57,6 +62,7 @@ class DataParallelPPOCritic:
         self.critic_module = critic_module
         self.critic_optimizer = critic_optimizer
         self.use_remove_padding = bool(config.get("use_remove_padding", False))
+        self.max_packed_row_len = int(config.get("max_packed_row_len", 0) or 0)
 
     def _split(self, batch, micro_size, max_tokens):
         use_dynamic = bool(self.config.get("use_dynamic_bsz", False))
@@ -73,7 +79,8 @@ class DataParallelPPOCritic:
                                          or self.config.get("ppo_max_token_len_per_gpu"))
         was_training = self.critic_module.training
         self.critic_module.eval()
-        values = restore_order([forward_values(self.critic_module, m, self.use_remove_padding) for m in micros],
+        values = restore_order([forward_values(self.critic_module, m, self.use_remove_padding, self.max_packed_row_len)
+                                for m in micros],
                                partitions)
         self.critic_module.train(was_training)
         if "response_mask" in data.batch.keys():
@@ -112,17 +119,18 @@ class DataParallelPPOCritic:
         loss_agg_mode = self.config.get("loss_agg_mode", "token-mean")
         weights = grad_accum_weights([m["response_mask"] for m in micros], loss_agg_mode)
         self.critic_optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, float] = defaultdict(float)
+        sums: dict[str, Any] = defaultdict(float)  # 0-d tensors until one host sync per mini-batch
         for micro, weight in zip(micros, weights):
             mask = micro["response_mask"].to(torch.float32)
-            vpreds = forward_values(self.critic_module, micro, self.use_remove_padding)
+            vpreds = forward_values(self.critic_module, micro, self.use_remove_padding, self.max_packed_row_len)
             vf_loss, vf_clipfrac = core_algos.compute_value_loss(
                 vpreds, micro["returns"], micro["values"], mask, float(self.config.get("cliprange_value", 0.5)),
                 loss_agg_mode)
             (vf_loss * weight).backward()
-            sums["critic/vf_loss"] += vf_loss.item() * weight
+            sums["critic/vf_loss"] += vf_loss.detach() * weight
             sums["critic/vf_clipfrac"] += vf_clipfrac / len(micros)
-            sums["critic/vpred_mean"] += F.masked_mean(vpreds.detach(), mask).item() / len(micros)
+            sums["critic/vpred_mean"] += F.masked_mean(vpreds.detach(), mask) / len(micros)
+        sums = F.metrics_to_floats(sums)
         grad_norm, stepped = clip_grad_and_step(self.critic_module, self.critic_optimizer, self.config.get("grad_clip"))
         sums["critic/grad_norm"] = grad_norm
         sums["critic/grad_norm_nonfinite"] = 0.0 if stepped else 1.0
