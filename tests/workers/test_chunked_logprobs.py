@@ -101,3 +101,17 @@ def test_chunked_path_under_fsdp2_equals_full_logits(model, batch_factory):
     torch.testing.assert_close(lp, ref_lp, atol=1e-5, rtol=0)
     for name, ref in ref_grads.items():
         torch.testing.assert_close(grads[name], ref, atol=1e-5 * float(ref.abs().max()), rtol=1e-4, msg=name)
+
+
+def test_critic_packed_rows_equal_padded(tiny_qwen_path, batch_factory):
+    from verl.utils.fsdp_utils import load_value_model
+    from verl.workers.critic.dp_critic import forward_values
+
+    torch.manual_seed(0)
+    critic = load_value_model({"path": tiny_qwen_path})
+    micro = batch_factory(num_rows=6, seed=2).batch
+    with torch.no_grad():
+        padded = forward_values(critic, micro, use_remove_padding=False)
+        rows = forward_values(critic, micro, use_remove_padding=True, max_packed_row_len=16)
+    assert padded.abs().sum() > 0
+    torch.testing.assert_close(rows, padded, atol=1e-5, rtol=0)
