@@ -39,10 +39,12 @@ FIRST_THOUGHTS = [
     "I am not sure of the answer, so I will search first.",
     "To answer this I should look it up.",
 ]
+# The second think must read clearly unlike the first (v1's model repeated the first one and searched
+# again) and state the answer it found, so copying from <information> is what gets imitated.
 FINAL_THOUGHTS = [
-    "The search results say the answer is {answer}.",
-    "Based on the information, the answer is {answer}.",
-    "From the documents, {answer} answers the question.",
+    "The passages say {answer}, so the answer is {answer}.",
+    "I found it: the documents show the answer is {answer}.",
+    "The information answers the question: {answer}.",
 ]
 
 
@@ -115,16 +117,40 @@ def search_query(question: str) -> str:
     return question.strip().rstrip("?").strip()
 
 
-def demonstration(row: dict, docs: list[dict], rng: random.Random) -> dict:
-    """One chat row: the RL prompt and a search-then-answer assistant turn."""
+class ObservationText:
+    """Observation text as the RL stage shows it: the whole block, or (with a tokenizer) the
+    generation manager's ``ObservationEncoder`` output decoded, cut to ``max_obs_length`` tokens."""
+
+    def __init__(self, tokenizer=None, max_obs_length: int | None = None):
+        self.encoder = None
+        if tokenizer is not None and max_obs_length:
+            from search_r1.llm_agent.observation import ObservationEncoder
+
+            self.encoder = ObservationEncoder(tokenizer, max_obs_length)
+
+    def __call__(self, docs: list[dict]) -> str:
+        if self.encoder is None:
+            return format_observation(format_passages(docs))
+        ids, _ = self.encoder.search(docs)
+        return self.encoder.tokenizer.decode(ids)
+
+
+def demonstration(row: dict, docs: list[dict], rng: random.Random,
+                  observe: ObservationText | None = None) -> dict:
+    """One chat row: the RL prompt and a search-then-answer assistant turn.
+
+    ``observe`` renders the ``<information>`` block (default: the whole, uncut observation).
+    """
     answer = min(row["golden_answers"], key=len).strip()
     query = search_query(row["question"])
+    observation = (observe or ObservationText())(docs)
     assistant = (f"<think> {rng.choice(FIRST_THOUGHTS)} </think>\n"
                  f"<search> {query} </search>"
-                 + format_observation(format_passages(docs))
+                 + observation
                  + f"<think> {rng.choice(FINAL_THOUGHTS).format(answer=answer)} </think>\n"
                  f"<answer> {answer} </answer>")
-    found = any(f" {normalize_text(a)} " in f" {normalize_text(format_passages(docs))} "
+    # Grounded = the answer survives in what the model is shown (after any cut).
+    found = any(f" {normalize_text(a)} " in f" {normalize_text(observation)} "
                 for a in row["golden_answers"])
     return {"messages": [{"role": "user", "content": make_prefix(row["question"])},
                          {"role": "assistant", "content": assistant}],
@@ -132,11 +158,12 @@ def demonstration(row: dict, docs: list[dict], rng: random.Random) -> dict:
             "golden_answers": list(row["golden_answers"]), "answer_in_passages": found}
 
 
-def build_demonstrations(rows: list[dict], retriever, num_demos: int, seed: int) -> list[dict]:
+def build_demonstrations(rows: list[dict], retriever, num_demos: int, seed: int,
+                         observe: ObservationText | None = None) -> list[dict]:
     """Demonstrations for ``rows``: those whose passages contain the answer first, up to ``num_demos``."""
     rng = random.Random(seed)
     results = retriever.retrieve([search_query(r["question"]) for r in rows])
-    demos = [demonstration(row, docs, rng) for row, docs in zip(rows, results)]
+    demos = [demonstration(row, docs, rng, observe) for row, docs in zip(rows, results)]
     grounded = [d for d in demos if d["answer_in_passages"]]
     others = [d for d in demos if not d["answer_in_passages"]]
     rng.shuffle(grounded)
@@ -164,6 +191,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num_val", type=int, default=32, help="demonstrations kept for SFT val loss")
     parser.add_argument("--topk", type=int, default=3)
     parser.add_argument("--retriever_url", default=None)
+    parser.add_argument("--tokenizer", default=None,
+                        help="HF tokenizer folder; with --max_obs_length, cut observations as RL does")
+    parser.add_argument("--max_obs_length", type=int, default=None,
+                        help="token budget of one observation (the RL stage's data.max_obs_length)")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -176,7 +207,14 @@ def main(argv=None) -> dict:
     if not rows:
         raise ValueError(f"no training questions under {qa_dir} (files named train*.jsonl)")
     retriever = make_retriever(args.corpus, args.topk, args.retriever_url)
-    demos = build_demonstrations(rows, retriever, args.num_demos + args.num_val, args.seed)
+    observe = ObservationText()
+    if args.tokenizer and args.max_obs_length:
+        from transformers import AutoTokenizer
+
+        observe = ObservationText(AutoTokenizer.from_pretrained(args.tokenizer), args.max_obs_length)
+    elif args.max_obs_length:
+        raise ValueError("--max_obs_length needs --tokenizer (observations are cut in tokens)")
+    demos = build_demonstrations(rows, retriever, args.num_demos + args.num_val, args.seed, observe)
     leaked = [d["id"] for d in demos if normalize_text(d["messages"][0]["content"].split("Question: ")[-1]) in held_out]
     assert not leaked, f"held-out questions leaked into SFT data: {leaked[:5]}"
     out = Path(args.output_dir).expanduser()

@@ -6,7 +6,8 @@ group has zero reward spread. A short SFT on search-then-answer demonstrations
 ``<cache_root>/warm_start/<name>/`` (``~/.cache/search_r1`` or ``$SEARCH_R1_CACHE``) and reused.
 
     python scripts/warm_start.py                 # build if missing, print the HF folder
-    python scripts/warm_start.py --evaluate 60   # + greedy answer-tag rate and EM on test questions
+    python scripts/warm_start.py --evaluate 24   # + greedy answer-tag rate and EM on test questions
+    python scripts/warm_start.py --evaluate 24 --eval_base   # ... and the base model too
     python scripts/warm_start.py --output DIR    # also link DIR/huggingface -> the cached folder
 
 From Python (the quickstart): ``from warm_start import ensure_warm_start; path = ensure_warm_start()``.
@@ -29,16 +30,19 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-WARM_START_NAME = "smollm2-135m-search-sft-v1"  # bump when the recipe below changes
-# Sized for 2 shared CPU cores, where SmolLM2 trains at only ~60 tokens/s (forward + backward):
-# 48 one-passage demos (~400 tokens each) in 6 steps of 8 is ~5 minutes. The tag format is
-# regular enough that this suffices (measured in docs/sft.md); on a GPU use more demos and top-3.
-NUM_DEMOS, NUM_VAL, DEMO_TOPK = 48, 8, 1
+WARM_START_NAME = "smollm2-135m-search-sft-v2"  # bump when the recipe below changes
+# Sized for 2 shared CPU cores, where SmolLM2 trains at only ~60 tokens/s (forward + backward).
+# v1 (48 top-1 demos, 6 steps at lr 1e-4) learned to search but then searched again instead of
+# answering. v2: observations exactly as the embedded RL default shows them (retriever topk 3, cut
+# to data.max_obs_length=128 tokens by the generation manager's ObservationEncoder), a second think
+# that states the answer found, answer-grounded demos, and 20 steps at lr 3e-4 (2 epochs of 40 demos,
+# batch 4, ~375 tokens each). Measured in docs/sft.md.
+NUM_DEMOS, NUM_VAL, DEMO_TOPK, DEMO_MAX_OBS_LENGTH = 40, 4, 3, 128
 SFT_OVERRIDES = [
-    "data.max_length=1024", "data.truncation=drop", "data.train_batch_size=8", "data.use_dynamic_bsz=true",
+    "data.max_length=1024", "data.truncation=drop", "data.train_batch_size=4", "data.use_dynamic_bsz=true",
     "data.max_token_len_per_gpu=4096", "model.enable_gradient_checkpointing=false",
-    "optim.lr=1e-4", "optim.warmup_steps_ratio=0.0", "optim.lr_scheduler=cosine", "optim.min_lr_ratio=0.1",
-    "trainer.total_epochs=1", "trainer.save_optimizer=false", "trainer.logger=[console]",
+    "optim.lr=3e-4", "optim.warmup_steps_ratio=0.0", "optim.lr_scheduler=cosine", "optim.min_lr_ratio=0.1",
+    "trainer.total_epochs=2", "trainer.save_optimizer=false", "trainer.logger=[console]",
     "trainer.experiment_name=warm_start",
 ]
 
@@ -66,7 +70,8 @@ def ensure_warm_start(force: bool = False, num_demos: int = NUM_DEMOS) -> str:
     base = smollm2_dir()
     with tempfile.TemporaryDirectory(prefix="warm_start_") as work:
         data = make_sft_data(["--output_dir", f"{work}/data", "--num_demos", str(num_demos),
-                              "--num_val", str(NUM_VAL), "--topk", str(DEMO_TOPK)])
+                              "--num_val", str(NUM_VAL), "--topk", str(DEMO_TOPK),
+                              "--tokenizer", base, "--max_obs_length", str(DEMO_MAX_OBS_LENGTH)])
         started = time.perf_counter()
         command = [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.path={base}",
                    f"data.train_files={work}/data/train.jsonl", f"data.val_files={work}/data/val.jsonl",
@@ -125,7 +130,7 @@ def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None
     batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": np.array(prompt_ids + [None], dtype=object)[:-1]})
     manager = LLMGenerationManager(
         tokenizer, HFRolloutEngine(tokenizer, model_path=model_path, max_batch_size=16),
-        GenerationConfig(max_turns=max_turns, max_response_length=600, max_obs_length=400),
+        GenerationConfig(max_turns=max_turns, max_response_length=600, max_obs_length=DEMO_MAX_OBS_LENGTH),
         make_retriever(corpus or str(ROOT / "example" / "corpus.jsonl"), 3, None))
     out = manager.run_llm_loop(batch, SamplingParams(temperature=0.0, max_tokens=200))
     texts = [tokenizer.decode(ids[: int(n)]) for ids, n in
@@ -144,7 +149,9 @@ def main(argv=None) -> None:
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
     parser.add_argument("--num_demos", type=int, default=NUM_DEMOS)
     parser.add_argument("--evaluate", type=int, default=0, metavar="N",
-                        help="also evaluate base and warm start greedily on N held-out questions")
+                        help="also evaluate the warm start greedily on N held-out questions")
+    parser.add_argument("--eval_base", action="store_true", help="with --evaluate, also evaluate the base model")
+    parser.add_argument("--max_turns", type=int, default=2, help="turns per evaluation rollout")
     parser.add_argument("--output", default=None,
                         help="also expose the cached folder as OUTPUT/huggingface (a symlink; the quickstart's hook)")
     parser.add_argument("--eval_out", default=None, help="write the evaluation JSON here")
@@ -162,8 +169,10 @@ def main(argv=None) -> None:
     if args.evaluate:
         from verl.utils.model_zoo import smollm2_dir
 
-        report = {name: evaluate(p, args.evaluate) for name, p in
-                  (("base", smollm2_dir()), ("warm_start", path))}
+        models = ([("base", smollm2_dir())] if args.eval_base else []) + [("warm_start", path)]
+        started = time.perf_counter()
+        report = {name: evaluate(p, args.evaluate, max_turns=args.max_turns) for name, p in models}
+        report["eval_seconds"] = round(time.perf_counter() - started, 1)
         print(json.dumps(report, indent=1))
         if args.eval_out:
             Path(args.eval_out).write_text(json.dumps(report, indent=1))

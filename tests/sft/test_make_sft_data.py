@@ -65,3 +65,30 @@ def test_train_question_equal_to_a_test_question_is_refused(tmp_path):
     held_out = make_sft_data.held_out_questions([tmp_path / "qa"])
     kept = make_sft_data.training_questions(tmp_path / "qa", held_out)
     assert [r["id"] for r in kept] == ["b"]
+
+
+def test_cut_observation_is_what_the_rl_stage_shows(tiny_tokenizer):
+    """With a tokenizer and max_obs_length, the <information> block is the generation manager's own
+    ObservationEncoder output (cut inside the passages, wrapper kept), decoded."""
+    from search_r1.llm_agent.observation import ObservationEncoder
+
+    retriever = make_sft_data.InProcessBM25(str(ROOT / "example" / "corpus.jsonl"), topk=3)
+    rows = make_sft_data.training_questions(ROOT / "example" / "qa", set())[:6]
+    observe = make_sft_data.ObservationText(tiny_tokenizer, 64)
+    demos = make_sft_data.build_demonstrations(rows, retriever, 6, seed=0, observe=observe)
+    encoder = ObservationEncoder(tiny_tokenizer, 64)
+    for demo in demos:
+        first, observation, last = (s.text for s in split_assistant_content(demo["messages"][1]["content"]))
+        query = re.fullmatch(r"<think> .+ </think>\n<search> (.+) </search>", first).group(1)
+        ids, cut = encoder.search(retriever.retrieve([query])[0])
+        assert cut and observation == tiny_tokenizer.decode(ids)
+        assert observation.endswith("</information>\n\n") and len(tiny_tokenizer.encode(observation)) <= 66
+        # The second think states the answer and is not a copy of the first (v1's failure mode).
+        answer = re.fullmatch(r"<think> (.+) </think>\n<answer> (.+) </answer>", last)
+        assert answer.group(2) in answer.group(1) and answer.group(1) not in make_sft_data.FIRST_THOUGHTS
+
+
+def test_max_obs_length_without_tokenizer_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--tokenizer"):
+        make_sft_data.main(["--output_dir", str(tmp_path), "--num_demos", "2", "--num_val", "1",
+                            "--max_obs_length", "64"])
