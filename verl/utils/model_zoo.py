@@ -105,11 +105,14 @@ def _convert_gguf(src_dir: Path, gguf_file: str, target: Path) -> None:
     tmp.rename(target)
 
 
-def build_tiny_causal_lm(save_dir: str | os.PathLike, arch: str = "qwen2", hidden_size: int = 64,
-                         num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
-                         intermediate_size: int = 128, tokenizer_dir: str | None = None,
+def build_tiny_causal_lm(save_dir: str | os.PathLike, arch: str = "qwen2", hidden_size: int = 128,
+                         num_layers: int = 2, num_heads: int = 2, num_kv_heads: int = 1,
+                         intermediate_size: int = 256, tokenizer_dir: str | None = None,
                          seed: int = 0) -> str:
     """Save a random-init causal LM with a real tokenizer, for tests (no weights needed).
+
+    The default head dimension is 64 because the vLLM CPU attention kernels accept only a few head
+    sizes (16, for instance, is refused), and the tests run this model in vLLM too.
 
     Args:
         save_dir: output folder (created); reused when it already holds a model.
