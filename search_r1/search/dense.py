@@ -50,6 +50,7 @@ class DenseIndex:
             raise ValueError(f"index has {index.ntotal} vectors but corpus {corpus.path} has {len(corpus)} rows")
         self.index = index
         self.corpus = corpus
+        self._flat_ip = _flat_ip_matrix(index)
 
     @property
     def dim(self) -> int:
@@ -68,8 +69,39 @@ class DenseIndex:
             descending score order (fewer when the index is smaller than ``topk``).
         """
         topk = min(topk, len(self))
-        scores, ids = self.index.search(np.ascontiguousarray(vectors, dtype=np.float32), topk)
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        if self._flat_ip is not None:
+            scores, ids = _flat_ip_search(self._flat_ip, vectors, topk)
+        else:
+            scores, ids = self.index.search(vectors, topk)
         return hits_from_arrays(self.corpus, ids, scores)
+
+
+def _flat_ip_matrix(index):
+    """The stored vectors of a CPU ``IndexFlatIP`` as a zero-copy torch ``(ntotal, dim)`` view, else None.
+
+    On the shared 2-core CPU, FAISS's own Flat search (its bundled OpenBLAS + a second OpenMP
+    runtime next to torch's) measured 5-7 ms per query at 32-64 queries per batch, while one torch
+    matmul + topk over the same vectors takes ~1.5-2.5 ms per query; the results are the same exact
+    inner-product search. Other index types (HNSW, IVF, GPU) keep FAISS's search.
+    """
+    import faiss
+
+    if type(index) is not faiss.IndexFlatIP or index.ntotal == 0:
+        return None
+    import torch
+
+    xb = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
+    return torch.from_numpy(np.asarray(xb).reshape(index.ntotal, index.d))
+
+
+def _flat_ip_search(matrix, vectors: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-``topk`` inner products: float32 scores and int64 row ids, ``(num_queries, topk)``."""
+    import torch
+
+    with torch.inference_mode():
+        scores, ids = torch.topk(torch.from_numpy(vectors) @ matrix.T, topk, dim=1)
+    return scores.numpy(), ids.numpy()
 
 
 def hits_from_arrays(corpus: Corpus, ids: np.ndarray, scores: np.ndarray) -> list[list[dict]]:

@@ -210,6 +210,10 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parse_args(argv)
+    # Idle OpenMP workers (torch's and FAISS's runtimes) must sleep, not spin: on a few shared cores
+    # spinning threads starve the event loop that parses the next batch's requests. Read when the
+    # OpenMP libraries load, i.e. before the retriever imports torch/faiss.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=args.log_level.upper())
     app = build_app(args)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
