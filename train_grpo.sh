@@ -36,7 +36,7 @@ else
   DATA_DIR=${DATA_DIR:-data/example_search}
   EXPERIMENT_NAME=${EXPERIMENT_NAME:-example-grpo-smollm2}
   ARGS=(
-    trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-hf}"
+    trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-vllm}"
     data.train_batch_size=2 actor_rollout_ref.rollout.n=4 data.val_batch_size=8 data.val_data_num=8
     data.max_prompt_length=1024 data.max_start_length=256 data.max_response_length=48 data.max_obs_length=128
     actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size=4
