@@ -79,7 +79,7 @@ def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool) -> li
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.export_hf=false",
         f"trainer.default_local_dir={ckpt_dir}", f"do_search={str(search).lower()}",
-        f"max_turns={2 if search else 1}",
+        f"max_turns={2 if search else 0}",
     ]
     from verl.utils.model_zoo import smollm2_dir
 
