@@ -1,4 +1,7 @@
-"""One real Ray session for all controller tests (2 CPU worker processes on a 2-core machine)."""
+"""One real Ray session per controller test module (2 CPU worker processes on a 2-core machine).
+
+Module scope, not session scope: a Ray session left running would hold the CPUs that later test
+packages (workers, sft, trainer) reserve for their own placement groups."""
 
 import os
 
@@ -7,7 +10,7 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_session():
     import ray
 
@@ -22,7 +25,7 @@ def ray_session():
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cpu_pool(ray_session):
     """Two CPU ranks on this node; actors take 0.2 CPU so several groups and the driver fit."""
     from verl.single_controller import RayResourcePool

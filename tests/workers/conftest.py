@@ -87,7 +87,7 @@ def configs():
     return actor_rollout_ref_config, critic_config
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cpu_pool():
     """A real local Ray session with two CPU ranks (0.2 CPU each, so they fit on 2 cores)."""
     import os
