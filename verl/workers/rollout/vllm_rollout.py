@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 WEIGHT_ROUTES = ("direct_load_weights", "reload_weights_iterator", "reload_weights_shm")
 
 
+DEFAULT_CPU_KV_GIB = 2
+
+
 def _is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
     return current_platform.is_cpu()
@@ -57,7 +60,8 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: fraction of GPU memory for weights + KV cache (ignored on CPU).
         enforce_eager: no CUDA graphs / torch.compile.
         executor_backend: ``"uni"``, ``"external_launcher"``, ``"mp"`` or None for the default above.
-        kv_cache_space_gib: CPU KV cache size (sets ``VLLM_CPU_KVCACHE_SPACE`` if not already set).
+        kv_cache_space_gib: CPU KV cache size in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` if not already set;
+            default 2).
         seed: engine seed.
         extra_engine_kwargs: passed to ``vllm.LLM`` unchanged.
     """
@@ -70,8 +74,11 @@ class VLLMRolloutEngine(RolloutEngine):
         backend = executor_backend or ("uni" if tensor_parallel_size == 1 else "external_launcher")
         if backend in ("uni", "external_launcher"):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if kv_cache_space_gib is not None:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_space_gib))
+        if _is_cpu_platform():
+            # Without an explicit KV cache size, vllm-cpu reserves gpu_memory_utilization (0.92) of
+            # the machine's RAM and refuses to start when other processes (the FSDP actor, Ray, the
+            # retriever) hold more than 8% of it. An explicit size skips that check.
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib or DEFAULT_CPU_KV_GIB)))
         from vllm import LLM
 
         kwargs = dict(model=model_path, dtype=dtype, max_model_len=max_model_len,
