@@ -64,12 +64,13 @@ def test_gpu_train_tiny(tmp_path):
     report = _run("gpu_train.py", tmp_path, "--shapes", "tiny", "--rows", "8", "--prompt_min", "8",
                   "--prompt_max", "12", "--resp_min", "2", "--resp_max", "20", "--resp_median", "8",
                   "--max_token_len", "128", "--micro_rows", "4", "--steps", "1",
-                  "--configs", "actor_packed,actor_padded,baseline_padded")
+                  "--configs", "actor_packed,actor_padded,baseline_padded", "--time_budget_s", "1200")
     assert "random" in report["weights"]
     entry = report["shapes"]["tiny"]
     assert entry["flops_per_update"]["total_flops"] > entry["flops_per_update"]["dense_flops"] > 0
     assert set(entry["runs"]) == {"actor_packed", "actor_padded", "baseline_padded"}
     for name, run in entry["runs"].items():
+        assert "skipped" not in run, (name, run)
         for key in ("seconds_per_update", "tokens_per_s", "achieved_tflops", "mfu"):
             assert run[key] > 0, (name, key, run)
         assert run["tokens_per_update"] == entry["flops_per_update"]["tokens"]
