@@ -35,24 +35,11 @@ else
   BASE_MODEL=${BASE_MODEL:-$($PYTHON -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())')}
   DATA_DIR=${DATA_DIR:-data/example_search}
   EXPERIMENT_NAME=${EXPERIMENT_NAME:-example-grpo-smollm2}
+  source scripts/embedded_cpu_args.sh
   ARGS=(
-    trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-vllm}"
-    data.train_batch_size=2 actor_rollout_ref.rollout.n=4 data.val_batch_size=8 data.val_data_num=8
-    data.max_prompt_length=1024 data.max_start_length=256 data.max_response_length=48 data.max_obs_length=128
+    data.train_batch_size=2 actor_rollout_ref.rollout.n=4
     actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size=4
-    actor_rollout_ref.rollout.log_prob_micro_batch_size=4 actor_rollout_ref.ref.log_prob_micro_batch_size=4
-    critic.ppo_micro_batch_size=2
-    actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
-    critic.optim.lr=1e-5 critic.optim.lr_warmup_steps_ratio=0.0
-    actor_rollout_ref.model.enable_gradient_checkpointing=false
-    actor_rollout_ref.actor.fsdp_config.param_offload=false actor_rollout_ref.actor.fsdp_config.grad_offload=false
-    actor_rollout_ref.actor.fsdp_config.optimizer_offload=false actor_rollout_ref.ref.fsdp_config.param_offload=false
-    critic.model.fsdp_config.param_offload=false critic.model.fsdp_config.grad_offload=false
-    critic.model.fsdp_config.optimizer_offload=false
-    actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32 critic.model.fsdp_config.mixed_precision=fp32
-    actor_rollout_ref.rollout.dtype=float32
-    trainer.total_training_steps="${TOTAL_STEPS:-3}" trainer.save_freq=3 trainer.test_freq=3
-    trainer.val_before_train=false trainer.logger=[console,jsonl]
+    "${EMBEDDED_CPU_ARGS[@]}"
   )
 fi
 
