@@ -1,7 +1,7 @@
 """BM25 retrieval with ``bm25s`` (sparse scores precomputed at index time; saved and reloadable).
 
 Search-R1 used Pyserini/Lucene BM25 (Porter stemming, English stopwords, k1=0.9, b=0.4). We keep
-those parameters and an English Snowball stemmer (PyStemmer) when it is installed; bm25s needs no
+those parameters and an English Snowball stemmer (PyStemmer, a pinned requirement); bm25s needs no
 JVM. The same tokenizer settings are stored with the index so queries are tokenised as passages were.
 """
 
@@ -22,12 +22,19 @@ DEFAULT_K1, DEFAULT_B = 0.9, 0.4  # Pyserini's BM25 defaults, which Search-R1's 
 
 
 def _stemmer(name: str | None):
+    """The PyStemmer stemmer ``name`` (None for no stemming).
+
+    Raises:
+        ImportError: a stemmer is named but PyStemmer is missing. Falling back to no stemming would
+            tokenise queries differently from the indexed passages and silently ruin retrieval.
+    """
     if not name:
         return None
     try:
         import Stemmer
-    except ImportError:
-        return None
+    except ImportError as err:
+        raise ImportError(f"BM25 stemmer {name!r} needs PyStemmer (pip install PyStemmer); "
+                          "build with stemmer=None for an unstemmed index") from err
     return Stemmer.Stemmer(name)
 
 
@@ -63,7 +70,7 @@ class BM25Retriever:
         tokens = bm25s.tokenize(corpus.contents.to_pylist(), stopwords=stopwords, stemmer=stem)
         model = bm25s.BM25(k1=k1, b=b)
         model.index(tokens)
-        return cls(model, corpus, stemmer if stem is not None else None, stopwords)
+        return cls(model, corpus, stemmer, stopwords)
 
     def save(self, save_dir: str) -> None:
         """Write the bm25s arrays plus our tokenizer settings into ``save_dir``."""

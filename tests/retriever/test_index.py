@@ -1,6 +1,7 @@
 """Corpus loading, index meta, mismatch refusal, BM25 reload and FlashRAG index compatibility."""
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -83,3 +84,10 @@ def test_flashrag_e5_index_loads_unchanged(shared_corpus_dir):
         assert hits[0]["score"] == pytest.approx(1.0, abs=1e-3) and hits[1]["score"] < hits[0]["score"]
     with pytest.raises(IndexMismatchError, match="1000 entries"):
         load_dense_index(str(index_path), str(shared_corpus_dir / "musique_paragraphs.jsonl"))
+
+
+def test_bm25_stemmed_index_refuses_to_load_without_pystemmer(bm25_index, test_corpus, monkeypatch):
+    """Unstemmed queries against stemmed passages would quietly ruin retrieval: refuse instead."""
+    monkeypatch.setitem(sys.modules, "Stemmer", None)
+    with pytest.raises(ImportError, match="'english' needs PyStemmer"):
+        load_bm25_retriever(str(bm25_index), str(test_corpus))

