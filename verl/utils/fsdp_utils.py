@@ -289,7 +289,9 @@ def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> N
     for state in optimizer.state.values():
         for key, value in state.items():
             if torch.is_tensor(value) and value.device != device:
-                state[key] = value.to(device, non_blocking=True)
+                # non_blocking only towards the accelerator: a non-blocking copy into pageable CPU
+                # memory may be read before it lands.
+                state[key] = value.to(device, non_blocking=device.type != "cpu")
 
 
 @torch.no_grad()

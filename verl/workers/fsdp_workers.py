@@ -22,6 +22,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils import fsdp_utils, lora
 from verl.utils.checkpoint import FSDPCheckpointManager
+from verl.utils.device_memory import PhaseMemory
 from verl.utils.torch_functional import build_lr_scheduler, build_optimizer
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
@@ -74,6 +75,17 @@ def reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return {k: float(v) / dist.get_world_size() for k, v in zip(keys, values)}
 
 
+def _on_device(data: DataProto) -> DataProto:
+    """A copy of ``data`` with its tensors on this rank's accelerator (CPU without one).
+
+    The controller sends CPU tensors; copying (not ``DataProto.to``, which moves in place) keeps
+    the caller's batch on the CPU when the worker runs in the controller's process (local backend).
+    """
+    device = fsdp_utils.device_name()
+    batch = data.batch.to(device) if data.batch is not None else None
+    return DataProto(batch=batch, non_tensor_batch=data.non_tensor_batch, meta_info=data.meta_info)
+
+
 def _metrics_proto(metrics: dict[str, float]) -> DataProto:
     return DataProto.from_dict(meta_info={"metrics": metrics})
 
@@ -109,12 +121,18 @@ class _FSDPModelWorker(Worker):
         optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optim_config)
         return model, optimizer, build_lr_scheduler(optimizer, optim_config)
 
+    @staticmethod
+    def _moves_optimizer(fsdp_config) -> bool:
+        # With param_offload, FSDP2 keeps parameters and gradients on the CPU and AdamW steps there:
+        # its state must stay on the CPU too (moving it to the GPU breaks the second step).
+        return bool(fsdp_config.get("optimizer_offload", False)) and not fsdp_config.get("param_offload", False)
+
     def _optimizer_on_device(self, optimizer, fsdp_config) -> None:
-        if fsdp_config.get("optimizer_offload", False):
+        if self._moves_optimizer(fsdp_config):
             fsdp_utils.load_optimizer(optimizer, fsdp_utils.device_name())
 
     def _optimizer_off_device(self, optimizer, fsdp_config) -> None:
-        if fsdp_config.get("optimizer_offload", False):
+        if self._moves_optimizer(fsdp_config):
             fsdp_utils.offload_optimizer(optimizer)
 
     @staticmethod
@@ -149,6 +167,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         self.init_process_group()
         self._normalize_config()
         self.actor = self.ref_policy = self.rollout_engine = None
+        self.phase_memory = PhaseMemory()
 
     def _normalize_config(self) -> None:
         cfg, world = self.config, self.world_size
@@ -179,6 +198,10 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if self._is_ref:
             self._init_ref()
         if self._is_rollout:
+            if torch.cuda.is_available():  # what the engine's memory check will see
+                free, total = torch.cuda.mem_get_info()
+                logger.warning("before rollout engine: %.1f of %.1f GiB free, %.1f GiB allocated by torch here",
+                               free / 2**30, total / 2**30, torch.cuda.memory_allocated() / 2**30)
             self.rollout_engine = build_rollout(self.config.rollout, model_cfg.path, self.tokenizer)
             if self._is_actor and lora.is_lora_model(self.actor_module):
                 self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
@@ -222,7 +245,8 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if self.rollout_engine is None:
             raise RuntimeError(f"generate_sequences on a worker with role {self.role!r} (no rollout engine)")
         prompts = [list(map(int, ids)) for ids in data.non_tensor_batch["raw_prompt_ids"]]
-        outputs = self.rollout_engine.generate(prompts, _sampling_params(data.meta_info, self.config.rollout))
+        with self.phase_memory.track("gen"):
+            outputs = self.rollout_engine.generate(prompts, _sampling_params(data.meta_info, self.config.rollout))
         return DataProto.from_dict(non_tensors={
             "output_token_ids": [list(o.token_ids) for o in outputs],
             "output_log_probs": [list(o.log_probs) for o in outputs],
@@ -255,8 +279,9 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob on a worker with role {self.role!r} (no actor)")
         self._log_prob_meta(data, self.config.rollout)
-        log_probs, entropy = self.actor.compute_log_prob(data, calculate_entropy=True)
-        return DataProto.from_dict(tensors={"old_log_probs": log_probs, "entropys": entropy},
+        with self.phase_memory.track("old_log_prob"):
+            log_probs, entropy = self.actor.compute_log_prob(_on_device(data), calculate_entropy=True)
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs.cpu(), "entropys": entropy.cpu()},
                                    meta_info={"temperature": data.meta_info["temperature"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -265,9 +290,9 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if self.ref_policy is None:
             raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r} (no reference)")
         self._log_prob_meta(data, self.config.ref)
-        with lora.reference_policy(self.ref_policy.actor_module):
-            log_probs, _ = self.ref_policy.compute_log_prob(data, calculate_entropy=False)
-        return DataProto.from_dict(tensors={"ref_log_probs": log_probs})
+        with lora.reference_policy(self.ref_policy.actor_module), self.phase_memory.track("ref"):
+            log_probs, _ = self.ref_policy.compute_log_prob(_on_device(data), calculate_entropy=False)
+        return DataProto.from_dict(tensors={"ref_log_probs": log_probs.cpu()})
 
     # ------------------------------------------------------------------ update
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
@@ -284,14 +309,17 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         if self.rollout_engine is not None:
             self.rollout_engine.release_memory()
-        self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
-        metrics = self.actor.update_policy(data)
-        metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
-        self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+        with self.phase_memory.track("update_actor"):
+            self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
+            metrics = self.actor.update_policy(_on_device(data))
+            metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
+            self.lr_scheduler.step()
+            self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
         if self.rollout_engine is not None:
-            self.rollout_engine.resume_memory()
-            self._sync_rollout_weights()
+            with self.phase_memory.track("weight_sync"):
+                self.rollout_engine.resume_memory()
+                self._sync_rollout_weights()
+        metrics.update(self.phase_memory.pop_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
 
     # ------------------------------------------------------------------ checkpoints
@@ -330,6 +358,7 @@ class CriticWorker(_FSDPModelWorker):
         super().__init__()
         self.config = _plain_config(config)
         self.init_process_group()
+        self.phase_memory = PhaseMemory()
         cfg, world = self.config, self.world_size
         use_dynamic = bool(cfg.get("use_dynamic_bsz", False))
         cfg.ppo_mini_batch_size = per_rank(int(cfg.ppo_mini_batch_size) * int(cfg.get("rollout_n", 1) or 1), world,
@@ -360,16 +389,20 @@ class CriticWorker(_FSDPModelWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` ``(B, R)``: the critic's estimate before each response token."""
-        return DataProto.from_dict(tensors={"values": self.critic.compute_values(data)})
+        with self.phase_memory.track("values"):
+            values = self.critic.compute_values(_on_device(data))
+        return DataProto.from_dict(tensors={"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss epochs; ``meta_info["metrics"]`` as for the actor (``critic/*``)."""
-        self._optimizer_on_device(self.critic_optimizer, self._fsdp_config())
-        metrics = self.critic.update_critic(data)
-        metrics["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
-        self.lr_scheduler.step()
-        self._optimizer_off_device(self.critic_optimizer, self._fsdp_config())
+        with self.phase_memory.track("update_critic"):
+            self._optimizer_on_device(self.critic_optimizer, self._fsdp_config())
+            metrics = self.critic.update_critic(_on_device(data))
+            metrics["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
+            self.lr_scheduler.step()
+            self._optimizer_off_device(self.critic_optimizer, self._fsdp_config())
+        metrics.update(self.phase_memory.pop_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

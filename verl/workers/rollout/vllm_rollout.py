@@ -225,5 +225,8 @@ class VLLMRolloutEngine(RolloutEngine):
             logger.info("resume_memory: vLLM sleep mode is not supported on CPU; no-op")
             return
         if self._sleeping:
+            # Blocks the training phase left in torch's cache would otherwise be invisible to the
+            # engine's allocator and make wake_up run out of memory on a shared GPU.
+            torch.cuda.empty_cache()
             self.llm.wake_up()
             self._sleeping = False

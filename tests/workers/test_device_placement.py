@@ -1,0 +1,43 @@
+"""Where a worker's tensors live: batches on the rank's device, optimizer state with its parameters,
+per-phase peak memory. Found on the H200 (issue 7); the CPU checks keep the rules from regressing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl.protocol import DataProto
+from verl.utils.device_memory import PhaseMemory
+from verl.workers.fsdp_workers import _FSDPModelWorker, _on_device
+
+
+def test_on_device_copies_and_leaves_the_callers_batch_alone():
+    data = DataProto.from_dict(tensors={"input_ids": torch.arange(6).view(2, 3)},
+                               non_tensors={"uid": ["a", "b"]}, meta_info={"temperature": 0.7})
+    original = data.batch
+    moved = _on_device(data)
+    assert moved is not data and data.batch is original
+    assert moved.batch["input_ids"].device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert list(moved.non_tensor_batch["uid"]) == ["a", "b"] and moved.meta_info["temperature"] == 0.7
+
+
+@pytest.mark.parametrize("fsdp_config, moves", [
+    ({"optimizer_offload": True}, True),
+    ({"optimizer_offload": True, "param_offload": True}, False),  # AdamW steps on the CPU then
+    ({"optimizer_offload": False}, False),
+    ({}, False),
+])
+def test_optimizer_state_follows_the_parameters(fsdp_config, moves):
+    assert _FSDPModelWorker._moves_optimizer(fsdp_config) is moves
+
+
+def test_phase_memory_reports_nothing_without_cuda_and_forgets_after_pop():
+    tracker = PhaseMemory()
+    with tracker.track("gen"):
+        block = torch.zeros(1024, device="cuda" if torch.cuda.is_available() else "cpu")
+    metrics = tracker.pop_metrics()
+    if torch.cuda.is_available():
+        assert metrics["perf/max_memory_allocated_gb/gen"] >= block.numel() * 4 / 2**30
+    else:
+        assert metrics == {}
+    assert tracker.pop_metrics() == {}
