@@ -33,17 +33,18 @@ COLUMNS = {  # metric key -> column title
 }
 
 
-def grpo_overrides(model_path: str, steps: int, test_freq: int, out_dir: Path, lr: float) -> list[str]:
-    """CPU GRPO recipe: 4 prompts x 4 samples per step, 2 search turns, greedy validation."""
+def grpo_overrides(model_path: str, steps: int, test_freq: int, out_dir: Path, lr: float,
+                   batch_size: int = 8, rollout: str = "vllm") -> list[str]:
+    """CPU GRPO recipe: ``batch_size`` prompts x 4 samples per step, 2 search turns, greedy validation."""
     return [
         f"actor_rollout_ref.model.path={model_path}", "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "trainer.n_gpus_per_node=1", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.n=4",
-        "data.train_batch_size=4", "data.val_batch_size=30", "data.val_data_num=30",
+        "trainer.n_gpus_per_node=1", f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.n=4",
+        f"data.train_batch_size={batch_size}", "data.val_batch_size=30", "data.val_data_num=30",
         "data.max_prompt_length=1536", "data.max_start_length=320", "data.max_response_length=384",
         "data.max_obs_length=224", "max_turns=2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=4", "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
         f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false",
@@ -114,6 +115,8 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--test_freq", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--batch_size", type=int, default=8, help="prompts per step (x 4 samples)")
+    parser.add_argument("--rollout", default="vllm", help="vllm | hf")
     parser.add_argument("--model", default=None, help="default: the cached SmolLM2 warm start")
     parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results" / "learning_check"))
     parser.add_argument("--report_only", action="store_true", help="re-plot an existing metrics.jsonl")
@@ -127,7 +130,7 @@ def main(argv=None) -> None:
         model = args.model or ensure_warm_start()
         (out_dir / "metrics.jsonl").unlink(missing_ok=True)
         command = [sys.executable, str(ROOT / "scripts" / "quickstart.py"),
-                   *grpo_overrides(model, args.steps, args.test_freq, out_dir, args.lr)]
+                   *grpo_overrides(model, args.steps, args.test_freq, out_dir, args.lr, args.batch_size, args.rollout)]
         print("+ " + shlex.join(command), flush=True)
         started = time.perf_counter()
         subprocess.run(command, cwd=ROOT, check=True)

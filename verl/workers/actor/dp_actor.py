@@ -76,14 +76,8 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
         log_probs, entropy = _chunked_response_stats(model, head, inputs, labels, attention_mask, response_length,
                                                      src, dst, temperature, logits_chunk_size, calculate_entropy)
     elif use_remove_padding:
-        logits = model(**inputs, use_cache=False).logits
-        logits = logits.reshape(-1, logits.shape[-1])[dst].float() / temperature
-        log_probs = F.pad_packed(F.logprobs_from_logits(logits, labels.reshape(-1)[src]), src, batch, seqlen)
-        log_probs = F.response_slice(log_probs, response_length)
-        entropy = None
-        if calculate_entropy:
-            entropy = F.response_slice(F.pad_packed(F.entropy_from_logits(logits), src, batch, seqlen),
-                                       response_length)
+        log_probs, entropy = _packed_full_logits_stats(model, inputs, labels, src, dst, batch, seqlen,
+                                                       response_length, temperature, calculate_entropy)
     else:
         logits = model(**inputs, use_cache=False).logits
         logits = F.response_slice(logits, response_length).float() / temperature
@@ -95,6 +89,18 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
     if entropy is not None:
         entropy = entropy * target_valid
     return log_probs, entropy
+
+
+def _packed_full_logits_stats(model, inputs, labels, src, dst, batch: int, seqlen: int, response_length: int,
+                              temperature: float, calculate_entropy: bool):
+    """Full-vocabulary logits of packed rows, unpacked to ``(B, R)`` log-probs (and entropy)."""
+    logits = model(**inputs, use_cache=False).logits
+    logits = logits.reshape(-1, logits.shape[-1])[dst].float() / temperature
+    log_probs = F.pad_packed(F.logprobs_from_logits(logits, labels.reshape(-1)[src]), src, batch, seqlen)
+    entropy = None
+    if calculate_entropy:
+        entropy = F.response_slice(F.pad_packed(F.entropy_from_logits(logits), src, batch, seqlen), response_length)
+    return F.response_slice(log_probs, response_length), entropy
 
 
 def _plain_lm_head(model: nn.Module) -> nn.Linear | None:
