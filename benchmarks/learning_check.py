@@ -47,7 +47,7 @@ def grpo_overrides(model_path: str, steps: int, test_freq: int, out_dir: Path, l
         f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
         f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.max_packed_row_len=1024",
         "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32",

@@ -74,7 +74,7 @@ def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool) -> li
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0", "actor_rollout_ref.rollout.dtype=float32",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.max_packed_row_len=1024",
         "reward_model.format_score=0.1", "trainer.n_gpus_per_node=1", "trainer.logger=[jsonl]",
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.export_hf=false",

@@ -75,6 +75,19 @@ def reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     return {k: float(v) / dist.get_world_size() for k, v in zip(keys, values)}
 
 
+DEFAULT_PACKED_ROW_LEN = 4096
+
+
+def _packed_row_len(model_config: DictConfig) -> int:
+    """Tokens per packed row with ``use_remove_padding`` (0: one row per micro-batch).
+
+    Attention inside a packed row runs over a dense block-diagonal mask (sdpa), so its cost grows
+    with the row length squared: rows of <= 4096 tokens were fastest on the H200, <= 1024 on CPU
+    (docs/benchmarks.md).
+    """
+    return int(model_config.get("max_packed_row_len", DEFAULT_PACKED_ROW_LEN) or 0)
+
+
 def _on_device(data: DataProto) -> DataProto:
     """A copy of ``data`` with its tensors on this rank's accelerator (CPU without one).
 
@@ -185,6 +198,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
                                   bool(node.get("log_prob_use_dynamic_bsz", use_dynamic)))
         # the actor's forward layout follows the model node (as in veRL)
         actor.use_remove_padding = bool(cfg.model.get("use_remove_padding", False))
+        actor.max_packed_row_len = _packed_row_len(cfg.model)
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -222,6 +236,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
     def _init_ref(self) -> None:
         ref_cfg = _plain_config(self.config.ref)
         ref_cfg.use_remove_padding = bool(self.config.model.get("use_remove_padding", False))
+        ref_cfg.max_packed_row_len = _packed_row_len(self.config.model)
         if self._is_actor and lora.is_lora_model(self.actor_module):
             # Hook: a LoRA actor's reference is its own base (adapters disabled), no second copy.
             self.ref_module = None
@@ -368,6 +383,7 @@ class CriticWorker(_FSDPModelWorker):
             cfg.forward_micro_batch_size_per_gpu = cfg.get("ppo_micro_batch_size_per_gpu")
         normalize_micro_batch(cfg, "forward_micro_batch_size", world, use_dynamic)
         cfg.use_remove_padding = bool(cfg.model.get("use_remove_padding", False))
+        cfg.max_packed_row_len = _packed_row_len(cfg.model)
 
     def _fsdp_config(self):
         return self.config.model.get("fsdp_config") or self.config.get("fsdp_config") or {}
