@@ -75,3 +75,12 @@ def test_gpu_train_tiny(tmp_path):
             assert run[key] > 0, (name, key, run)
         assert run["tokens_per_update"] == entry["flops_per_update"]["tokens"]
     assert report["goals"]["tiny"]["actor_packed"]["over_baseline_same_ckpt"] > 0
+
+
+def test_cpu_packing_tiny(tmp_path):
+    """The CPU packing benchmark (a CPU benchmark, checked here with the others) on a tiny batch."""
+    report = _run("cpu_packing.py", tmp_path, "--rows", "2", "--prompt_len", "16", "--response_len", "16")
+    assert set(report["seconds_fwd_bwd"]) == {"padded", "packed_one_row", "packed_rows_1024", "packed_rows_2048"}
+    assert all(v > 0 for v in report["seconds_fwd_bwd"].values())
+    assert report["ratio_to_padded"]["padded"] == 1.0
+    assert 0 < report["real_tokens"] < report["padded_tokens"] == 64
