@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Start the retrieval server (flags as in Search-R1's retrieval_launch.sh).
-# Defaults: the e5 wiki-18 index of Search-R1; override with environment variables, e.g.
-#   INDEX=indexes/minilm_Flat.index CORPUS=example/corpus.jsonl RETRIEVER=minilm ./retrieval_launch.sh
+# Defaults: the e5 wiki-18 index of Search-R1 under FILE_PATH; override with environment variables, e.g.
+# the BM25 index that train_*.sh build over the bundled example corpus:
+#   INDEX=data/example_search/corpus.bm25/bm25 CORPUS=example/corpus.jsonl RETRIEVER=bm25 ./retrieval_launch.sh
+# (build others with: python -m search_r1.search.index_builder --retrieval_method minilm|e5|bm25 ...)
 # Extra arguments are passed through (e.g. --port 8001 --host 0.0.0.0 --no_batching).
 set -euo pipefail
 
@@ -12,6 +14,11 @@ retriever_name=${RETRIEVER:-e5}
 retriever_path=${RETRIEVER_MODEL:-}
 topk=${TOPK:-3}
 
+if [[ ! -e "$index_file" ]]; then
+  echo "retrieval_launch.sh: no index at $index_file (set INDEX, CORPUS and RETRIEVER, or FILE_PATH for" \
+       "Search-R1's e5_Flat.index + wiki-18.jsonl; see the comment at the top of this script)" >&2
+  exit 2
+fi
 gpu_flag=()
 if [[ "${FAISS_GPU:-auto}" == "1" ]] || { [[ "${FAISS_GPU:-auto}" == "auto" ]] && command -v nvidia-smi >/dev/null 2>&1; }; then
   gpu_flag=(--faiss_gpu)
