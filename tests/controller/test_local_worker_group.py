@@ -30,9 +30,9 @@ def test_local_group_runs_registered_methods_in_process():
     group = LocalWorkerGroup(ClassWithInitArgs(SumWorker, scale=2.0))
     try:
         assert group.world_size == 1 and dist.get_world_size() == 1
-        assert group.worker_info() == [
-            {"rank": 0, "world_size": 1, "local_rank": 0, "pid": os.getpid(), "hostname": group.worker_info()[0]["hostname"]}
-        ]
+        info = group.worker_info()[0]
+        assert info == {"rank": 0, "world_size": 1, "local_rank": 0, "pid": os.getpid(),
+                        "hostname": info["hostname"], "torch_threads": torch.get_num_threads()}
         out = group.double_and_tag(DataProto.from_dict(tensors={"x": torch.ones(3, 2)}, non_tensors={"uid": ["a", "b", "c"]}))
         torch.testing.assert_close(out.batch["y"], torch.full((3, 2), 4.0))
         assert group.echo_with_rank([9]) == [(0, 9)] and group.slow_pid().get() == [os.getpid()]

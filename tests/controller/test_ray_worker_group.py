@@ -13,6 +13,7 @@ from verl.single_controller import (
     LocalWorkerGroup,
     PendingCall,
     RayClassWithInitArgs,
+    RayResourcePool,
     RayWorkerGroup,
     WorkerDiedError,
     WorkerError,
@@ -44,6 +45,19 @@ def test_ranks_get_env_and_gloo_all_reduce(sum_group):
     assert infos[0]["pid"] != infos[1]["pid"] != os.getpid()
     # all_reduce of (rank + 0.5) over ranks 0 and 1 is 0.5 + 1.5 = 2 on every rank
     assert sum_group.all_reduce_rank(0.5) == [2.0, 2.0]
+
+
+def test_cpu_ranks_share_the_cores_despite_rays_one_thread_default(sum_group):
+    """Ray starts actors with OMP_NUM_THREADS=1; each CPU rank takes cores // local ranks instead."""
+    cores = len(os.sched_getaffinity(0))
+    assert [i["torch_threads"] for i in sum_group.worker_info()] == [max(1, cores // 2)] * 2
+    single = RayWorkerGroup(RayResourcePool(process_on_nodes=[1], use_gpu=False, cpus_per_worker=0.2),
+                            RayClassWithInitArgs(SumWorker), name_prefix="threads", timeout_s=120)
+    try:
+        assert single.worker_info()[0]["torch_threads"] == cores
+    finally:
+        single.shutdown()
+        single.resource_pool.release()
 
 
 def test_dp_compute_proto_pads_splits_and_keeps_order(sum_group):

@@ -70,6 +70,8 @@ class Worker:
                 raise ValueError(f"rank {self.rank}: MASTER_PORT is unset but WORLD_SIZE={self.world_size}")
             self.master_port = str(_free_port())
         backend = "cpu:gloo,cuda:nccl" if use_gpu else "gloo"
+        if not use_gpu:
+            self._share_cpu_threads()
         if use_gpu:
             # Ray usually exposes one GPU per actor; the modulo also covers a node-wide view.
             torch.cuda.set_device(self.local_rank % torch.cuda.device_count())
@@ -83,6 +85,17 @@ class Worker:
         )
         return backend
 
+    def _share_cpu_threads(self) -> None:
+        """Give this CPU rank its share of the machine's cores for torch's intra-op threads.
+
+        Ray starts every actor with ``OMP_NUM_THREADS=1`` (its fractional CPU request rounds
+        down), which halves a CPU-only actor's forward/backward on a 2-core machine. The share
+        is ``cores // LOCAL_WORLD_SIZE``; ``SEARCH_R1_CPU_THREADS`` overrides it.
+        """
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = _env_int("SEARCH_R1_CPU_THREADS", max(1, cores // max(1, self.local_world_size)))
+        torch.set_num_threads(threads)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def worker_info(self) -> dict:
         """This rank's identity: ``{"rank", "world_size", "local_rank", "pid", "hostname"}``."""
@@ -92,6 +105,7 @@ class Worker:
             "local_rank": self.local_rank,
             "pid": os.getpid(),
             "hostname": socket.gethostname(),
+            "torch_threads": torch.get_num_threads(),
         }
 
 
