@@ -127,7 +127,8 @@ async def run_load(url: str, queries: list[str], concurrency: int, per_request: 
     load generator (a separate process from the server) uses as little of the 2 cores as possible;
     the baseline is measured the same way.
     """
-    host, port = httpx.URL(url).host, httpx.URL(url).port
+    parsed = httpx.URL(url)
+    host, port = parsed.host, parsed.port
     bodies = [request_bytes(host, [queries[(i * per_request + j) % len(queries)] for j in range(per_request)])
               for i in range(num_requests)]
     latencies: list[float] = []

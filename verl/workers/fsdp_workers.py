@@ -215,7 +215,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             if torch.cuda.is_available():  # what the engine's memory check will see
                 free, total = torch.cuda.mem_get_info()
                 logger.info("before rollout engine: %.1f of %.1f GiB free, %.1f GiB allocated by torch here",
-                               free / 2**30, total / 2**30, torch.cuda.memory_allocated() / 2**30)
+                            free / 2**30, total / 2**30, torch.cuda.memory_allocated() / 2**30)
             self.rollout_engine = build_rollout(self.config.rollout, model_cfg.path, self.tokenizer)
             if self._is_actor and lora.is_lora_model(self.actor_module):
                 self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
