@@ -13,24 +13,27 @@ import numpy as np
 
 from .corpus import Corpus
 from .encoders import Encoder
+from .flat_shards import FlatShards, flat_ip_vectors
+
+
+def faiss_has_gpu() -> bool:
+    """Whether the installed FAISS is a GPU build that sees at least one GPU."""
+    import faiss
+
+    return hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0
 
 
 def load_faiss_index(index_path: str, use_gpu: bool = False):
-    """Read a FAISS index file; with ``use_gpu``, shard it in fp16 over all visible GPUs.
-
-    Sharding (rather than replicating) lets a 60 GB wiki-18 Flat index fit across GPUs; fp16 halves
-    it again, as Search-R1's ``--faiss_gpu`` does.
-
-    Raises:
-        RuntimeError: ``use_gpu`` without a GPU build of FAISS or without visible GPUs.
+    """Read a FAISS index file; with ``use_gpu`` and a GPU build of FAISS, shard it in fp16 over all
+    visible GPUs (sharding rather than replicating lets a 60 GB wiki-18 Flat index fit; fp16 halves it
+    again, as Search-R1's ``--faiss_gpu`` does). Without a GPU build the CPU index is returned and
+    ``DenseIndex`` shards its vectors over the GPUs with torch instead (``flat_shards``).
     """
     import faiss
 
     index = faiss.read_index(index_path)
-    if not use_gpu:
+    if not (use_gpu and faiss_has_gpu()):
         return index
-    if not hasattr(faiss, "index_cpu_to_all_gpus") or faiss.get_num_gpus() == 0:
-        raise RuntimeError("--faiss_gpu needs faiss-gpu and at least one visible GPU")
     options = faiss.GpuMultipleClonerOptions()
     options.useFloat16 = True
     options.shard = True
@@ -43,14 +46,35 @@ class DenseIndex:
     Args:
         index: a FAISS index with ``index.ntotal == len(corpus)``.
         corpus: the passages, in index row order.
+        torch_devices: search a Flat inner-product index with torch, its vectors sharded in fp16 over
+            these devices (``--faiss_gpu`` without a GPU build of FAISS). None: CPU search.
+
+    Raises:
+        ValueError: the index and corpus sizes differ; ``torch_devices`` with an index that is not
+            ``IndexFlatIP`` (other types need the ``faiss-gpu`` package for GPU search).
     """
 
-    def __init__(self, index, corpus: Corpus):
+    def __init__(self, index, corpus: Corpus, torch_devices: list[str] | None = None):
+        import torch
+
         if index.ntotal != len(corpus):
             raise ValueError(f"index has {index.ntotal} vectors but corpus {corpus.path} has {len(corpus)} rows")
-        self.index = index
+        self.index = index  # owns the memory the CPU shard views
         self.corpus = corpus
-        self._flat_ip = _flat_ip_matrix(index)
+        vectors = flat_ip_vectors(index)
+        if torch_devices and vectors is None:
+            raise ValueError(f"GPU search without faiss-gpu supports Flat inner-product indexes only, "
+                             f"not {type(index).__name__}: install faiss-gpu or serve on the CPU")
+        self._shards = None
+        if torch_devices:
+            self._shards = FlatShards(vectors, torch_devices, dtype=torch.float16)
+        elif vectors is not None:
+            self._shards = FlatShards(vectors, ["cpu"])
+
+    @property
+    def search_devices(self) -> list[str]:
+        """Where the vector search runs (``["faiss"]`` when FAISS's own search serves it)."""
+        return self._shards.devices if self._shards is not None else ["faiss"]
 
     @property
     def dim(self) -> int:
@@ -70,38 +94,11 @@ class DenseIndex:
         """
         topk = min(topk, len(self))
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-        if self._flat_ip is not None:
-            scores, ids = _flat_ip_search(self._flat_ip, vectors, topk)
+        if self._shards is not None:
+            scores, ids = self._shards.search(vectors, topk)
         else:
             scores, ids = self.index.search(vectors, topk)
         return hits_from_arrays(self.corpus, ids, scores)
-
-
-def _flat_ip_matrix(index):
-    """The stored vectors of a CPU ``IndexFlatIP`` as a zero-copy torch ``(ntotal, dim)`` view, else None.
-
-    On the shared 2-core CPU, FAISS's own Flat search (its bundled OpenBLAS + a second OpenMP
-    runtime next to torch's) measured 5-7 ms per query at 32-64 queries per batch, while one torch
-    matmul + topk over the same vectors takes ~1.5-2.5 ms per query; the results are the same exact
-    inner-product search. Other index types (HNSW, IVF, GPU) keep FAISS's search.
-    """
-    import faiss
-
-    if type(index) is not faiss.IndexFlatIP or index.ntotal == 0:
-        return None
-    import torch
-
-    xb = faiss.rev_swig_ptr(index.get_xb(), index.ntotal * index.d)
-    return torch.from_numpy(np.asarray(xb).reshape(index.ntotal, index.d))
-
-
-def _flat_ip_search(matrix, vectors: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-``topk`` inner products: float32 scores and int64 row ids, ``(num_queries, topk)``."""
-    import torch
-
-    with torch.inference_mode():
-        scores, ids = torch.topk(torch.from_numpy(vectors) @ matrix.T, topk, dim=1)
-    return scores.numpy(), ids.numpy()
 
 
 def hits_from_arrays(corpus: Corpus, ids: np.ndarray, scores: np.ndarray) -> list[list[dict]]:
@@ -118,25 +115,31 @@ def hits_from_arrays(corpus: Corpus, ids: np.ndarray, scores: np.ndarray) -> lis
 class DenseRetriever:
     """Encode queries and search a ``DenseIndex``.
 
+    Args:
+        query_batch_size: queries per encoder forward. Queries are length-sorted first, so small
+            batches pad little: on 2 CPU cores MiniLM took 4.4 ms/query in batches of 16 against 6.3
+            in one batch of 64 (NQ questions). GPUs prefer one large batch. None: 16 on CPU, else 256.
+
     Raises (constructor):
         ValueError: the encoder's dimension differs from the index's (wrong encoder for this index).
     """
 
     kind = "dense"
 
-    def __init__(self, dense_index: DenseIndex, encoder: Encoder, query_batch_size: int = 64):
+    def __init__(self, dense_index: DenseIndex, encoder: Encoder, query_batch_size: int | None = None):
         if encoder.dim != dense_index.dim:
             raise ValueError(f"encoder {encoder.spec.model_path} gives {encoder.dim}-d vectors but the "
                              f"index holds {dense_index.dim}-d vectors: wrong encoder for this index")
         self.dense_index = dense_index
         self.encoder = encoder
-        self.query_batch_size = query_batch_size
+        self.query_batch_size = query_batch_size or (16 if encoder.device == "cpu" else 256)
 
     def __len__(self) -> int:
         return len(self.dense_index)
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "encoder": self.encoder.spec.to_dict(), "index_size": len(self)}
+        return {"kind": self.kind, "encoder": self.encoder.spec.to_dict(), "index_size": len(self),
+                "encoder_device": self.encoder.device, "search_devices": self.dense_index.search_devices}
 
     def search(self, queries: Sequence[str], topk: int, timings: dict | None = None) -> list[list[dict]]:
         """Top-``topk`` hits per query (see ``DenseIndex.search_vectors``); adds ``encode_s`` and

@@ -6,7 +6,8 @@ import os
 
 from .bm25 import BM25Retriever
 from .corpus import load_corpus
-from .dense import DenseIndex, DenseRetriever, load_faiss_index
+from .dense import DenseIndex, DenseRetriever, faiss_has_gpu, load_faiss_index
+from .flat_shards import visible_gpus
 from .encoders import Encoder, EncoderSpec, resolve_encoder_spec
 from .index_meta import IndexMeta, check_corpus, check_encoder
 
@@ -14,16 +15,25 @@ from .index_meta import IndexMeta, check_corpus, check_encoder
 def load_dense_index(index_path: str, corpus_path: str, use_gpu: bool = False) -> DenseIndex:
     """A FAISS index and its corpus; works with or without our meta JSON (FlashRAG indexes).
 
+    ``use_gpu``: the index on all visible GPUs in fp16, sharded, through faiss-gpu when installed,
+    else through torch (Flat inner-product indexes; see ``flat_shards``).
+
     Raises:
         FileNotFoundError: missing index or corpus file.
         IndexMismatchError: the corpus is not the one the index was built from.
+        RuntimeError: ``use_gpu`` and no visible GPU.
     """
     if not os.path.isfile(index_path):
         raise FileNotFoundError(f"index file not found: {index_path}")
     corpus = load_corpus(corpus_path)
     index = load_faiss_index(index_path, use_gpu=use_gpu)
     check_corpus(IndexMeta.load(index_path), corpus.fingerprint(), int(index.ntotal), index_path, corpus_path)
-    return DenseIndex(index, corpus)
+    torch_devices = None
+    if use_gpu and not faiss_has_gpu():
+        torch_devices = visible_gpus()
+        if not torch_devices:
+            raise RuntimeError(f"--faiss_gpu given but no GPU is visible (serving {index_path})")
+    return DenseIndex(index, corpus, torch_devices=torch_devices)
 
 
 def encoder_spec_for(index_path: str, retriever_name: str, retriever_model: str | None = None,
