@@ -1,6 +1,7 @@
 """The embedded default run, end to end: data, retriever, training (what ``train_*.sh`` call).
 
     python scripts/quickstart.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
+                                 [--train-sources nq,hotpotqa] [--test-sources SOURCES]
                                  [--retriever-url URL] [--no-retriever] [key=value ...]
 
 1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` when they are missing (NQ + HotpotQA
@@ -34,6 +35,10 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="data/example_search")
     parser.add_argument("--qa-dir", default="example/qa", help="FlashRAG-style QA jsonl folder")
+    parser.add_argument("--train-sources", default="nq,hotpotqa",
+                        help="QA sources of train.parquet (the paper's mix; used when the data is built)")
+    parser.add_argument("--test-sources", default=None,
+                        help="QA sources of test.parquet (default: the seven of the paper)")
     parser.add_argument("--corpus", default="example/corpus.jsonl")
     parser.add_argument("--index-dir", default=None, help="default: <data-dir>/<corpus name>.bm25")
     parser.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve")
@@ -50,17 +55,19 @@ def run(cmd: list[str], **kwargs) -> None:
     subprocess.run(cmd, check=True, cwd=REPO, **kwargs)
 
 
-def ensure_data(data_dir: Path, qa_dir: Path) -> None:
+def ensure_data(data_dir: Path, qa_dir: Path, train_sources: str = "nq,hotpotqa",
+                test_sources: str | None = None) -> None:
     """Write Search-R1 parquet files from the QA jsonl files unless they exist."""
     if (data_dir / "train.parquet").exists() and (data_dir / "test.parquet").exists():
         return
     if not qa_dir.is_dir():
         raise SystemExit(f"error: no {data_dir}/train.parquet and no QA folder {qa_dir} to build it from")
-    # The paper's mix: NQ + HotpotQA for training, the seven QA sources for evaluation.
+    # The paper's mix by default: NQ + HotpotQA for training, the seven QA sources for evaluation.
     run([sys.executable, "scripts/data_process/qa_search_train_merge.py", "--local_dir", str(data_dir),
-         "--data_sources", "nq,hotpotqa", "--input_dir", str(qa_dir)])
+         "--data_sources", train_sources, "--input_dir", str(qa_dir)])
+    sources = ["--data_sources", test_sources] if test_sources else []
     run([sys.executable, "scripts/data_process/qa_search_test_merge.py", "--local_dir", str(data_dir),
-         "--input_dir", str(qa_dir)])
+         "--input_dir", str(qa_dir), *sources])
 
 
 def maybe_warm_start(overrides: list[str]) -> list[str]:
@@ -135,7 +142,7 @@ def _wait_for(url: str, server: subprocess.Popen, timeout_s: float = 300.0) -> N
 def main(argv=None) -> int:
     args, overrides = parse_args(argv)
     data_dir = REPO / args.data_dir
-    ensure_data(data_dir, REPO / args.qa_dir)
+    ensure_data(data_dir, REPO / args.qa_dir, args.train_sources, args.test_sources)
     overrides = maybe_warm_start(overrides)
     defaults = [f"data.train_files={data_dir / 'train.parquet'}", f"data.val_files={data_dir / 'test.parquet'}",
                 f"retriever.url={args.retriever_url}"]

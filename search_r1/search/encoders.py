@@ -57,13 +57,22 @@ def _minilm_path() -> str:
     return minilm_dir()
 
 
-def _preset(name: str) -> EncoderSpec | None:
+def _preset(name: str, model_path: str | None = None) -> EncoderSpec | None:
+    """The preset's conventions; ``model_path`` replaces its model location (looked up only if absent)."""
+    spec = _preset_defaults(name, model_path)
+    if spec is not None and model_path:
+        spec.model_path = model_path
+    return spec
+
+
+def _preset_defaults(name: str, model_path: str | None) -> EncoderSpec | None:
     if name == "e5":
         return EncoderSpec("e5", "intfloat/e5-base-v2", "mean", "query: ", "passage: ", True, 256)
     if name == "bge":
         return EncoderSpec("bge", "BAAI/bge-base-en-v1.5", "cls", BGE_QUERY_INSTRUCTION, "", True, 256)
     if name == "minilm":
-        return EncoderSpec("minilm", _minilm_path(), "mean", "", "", True, 256)
+        # The packaged copy is only needed when no other location is given.
+        return EncoderSpec("minilm", model_path or _minilm_path(), "mean", "", "", True, 256)
     return None
 
 
@@ -80,7 +89,7 @@ def resolve_encoder_spec(retrieval_method: str, model_path: str | None = None,
     Raises:
         ValueError: unknown pooling method.
     """
-    spec = _preset(retrieval_method)
+    spec = _preset(retrieval_method, model_path)
     if spec is None:
         path = model_path or retrieval_method
         family = _guess_family(path)
@@ -91,8 +100,6 @@ def resolve_encoder_spec(retrieval_method: str, model_path: str | None = None,
             spec = EncoderSpec("custom", path, "pooler", "", "", False, 256)
         else:
             spec = EncoderSpec("custom", path, "mean", "", "", True, 256)
-    elif model_path:
-        spec.model_path = model_path
     if pooling is not None:
         if pooling not in POOLING_METHODS:
             raise ValueError(f"pooling_method must be one of {POOLING_METHODS}, got {pooling!r}")

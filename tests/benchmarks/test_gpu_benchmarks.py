@@ -84,3 +84,19 @@ def test_cpu_packing_tiny(tmp_path):
     assert all(v > 0 for v in report["seconds_fwd_bwd"].values())
     assert report["ratio_to_padded"]["padded"] == 1.0
     assert 0 < report["real_tokens"] < report["padded_tokens"] == 64
+
+
+def test_saved_random_model_loads_with_the_borrowed_tokenizer(tmp_path, smollm2_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from benchmarks.save_random_model import save_random_model
+
+    # tiny's vocab is smaller than SmolLM2's tokenizer: the saver must refuse it by name.
+    with pytest.raises(ValueError, match="ids > vocab"):
+        save_random_model("tiny", smollm2_path, str(tmp_path / "tiny"))
+    path = save_random_model("qwen2.5-0.5b", smollm2_path, str(tmp_path / "q05"))
+    model = AutoModelForCausalLM.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    assert model.config.num_hidden_layers == 24 and model.config.vocab_size == 151_936
+    assert model.config.eos_token_id == tokenizer.eos_token_id
+    assert model.generation_config.eos_token_id == tokenizer.eos_token_id

@@ -1,6 +1,7 @@
 """Validation: greedy multi-turn rollouts over the whole validation set, scored per data source.
 
-Reports ``val/test_score/<data_source>`` and the search statistics (``val/env/*``); optionally
+Reports ``val/test_score/<data_source>`` (the reward), ``val/test_em/<data_source>`` (exact match,
+when the reward manager reports it) and the search statistics (``val/env/*``); optionally
 writes one JSON line per sample (prompt, response, score, ground truth, turns) to
 ``<validation_data_dir>/<global_step>.jsonl`` for inspection.
 """
@@ -26,11 +27,12 @@ def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, t
         reward_fn: the validation reward manager (``return_dict=True`` call).
         dump_dir: folder for ``<global_step>.jsonl``; None to skip.
     """
-    sources, scores, env, records = [], [], [], []
+    sources, scores, ems, env, records = [], [], [], [], []
     for batch in batches:
         generated = generate(batch)
         result = reward_fn(generated, return_dict=True)
         row_scores = result["reward_tensor"].sum(-1).tolist()
+        ems += list(result.get("reward_extra_info", {}).get("em", []))
         row_sources = [str(s) for s in generated.non_tensor_batch.get("data_source", ["unknown"] * len(generated))]
         sources += row_sources
         scores += row_scores
@@ -39,7 +41,11 @@ def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, t
             records += _records(generated, row_scores, row_sources, tokenizer)
     if dump_dir:
         _dump(records, Path(dump_dir) / f"{global_step}.jsonl")
-    return compute_validation_metrics(sources, scores, env)
+    metrics = compute_validation_metrics(sources, scores, env)
+    if ems and len(ems) == len(scores):  # shaped rewards: report the exact match on its own too
+        metrics.update({key.replace("test_score", "test_em"): value for key, value in
+                        compute_validation_metrics(sources, ems, []).items()})
+    return metrics
 
 
 def _records(batch, scores: list[float], sources: list[str], tokenizer) -> list[dict]:
