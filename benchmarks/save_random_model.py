@@ -14,9 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from shapes import SHAPES, build_random_model, get_shape  # noqa: E402
+from benchmarks.shapes import SHAPES, build_random_model, get_shape  # noqa: E402
 
 
 def save_random_model(shape_name: str, tokenizer_path: str, out_dir: str, dtype: str = "bfloat16") -> str:

@@ -86,17 +86,23 @@ def test_cpu_packing_tiny(tmp_path):
     assert 0 < report["real_tokens"] < report["padded_tokens"] == 64
 
 
-def test_saved_random_model_loads_with_the_borrowed_tokenizer(tmp_path, smollm2_path):
+def test_saved_random_model_loads_with_the_borrowed_tokenizer(tmp_path, smollm2_path, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from benchmarks import shapes
     from benchmarks.save_random_model import save_random_model
+
+    # A 2-layer shape with Qwen's vocabulary: the real code path at a CPU-friendly size.
+    small = shapes.Shape(num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, intermediate_size=128)
+    monkeypatch.setitem(shapes.SHAPES, "small-qwen-vocab", small)
 
     # tiny's vocab is smaller than SmolLM2's tokenizer: the saver must refuse it by name.
     with pytest.raises(ValueError, match="ids > vocab"):
         save_random_model("tiny", smollm2_path, str(tmp_path / "tiny"))
-    path = save_random_model("qwen2.5-0.5b", smollm2_path, str(tmp_path / "q05"))
+    path = save_random_model("small-qwen-vocab", smollm2_path, str(tmp_path / "small"))
     model = AutoModelForCausalLM.from_pretrained(path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    assert model.config.num_hidden_layers == 24 and model.config.vocab_size == 151_936
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == 151_936
+    assert sum(p.numel() for p in model.parameters()) == shapes.total_params(small)
     assert model.config.eos_token_id == tokenizer.eos_token_id
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id

@@ -67,3 +67,11 @@ def test_int_accepted_for_float_and_null_default_accepts_anything():
     cfg = OmegaConf.merge(load_default_config(), {"actor_rollout_ref": {"actor": {"optim": {"lr": 1}}},
                                                   "data": {"train_data_num": 100}})
     check_config(cfg)
+
+
+@pytest.mark.parametrize("lora", [{"lora_rank": 16, "lora_alpha": 32},
+                                  {"lora_rank": 8, "target_modules": ["q_proj", "v_proj"]}])
+def test_lora_keys_are_part_of_the_rl_config(lora):
+    config = OmegaConf.merge(load_default_config(), {"actor_rollout_ref": {"model": lora}})
+    check_config(config)
+    assert config.actor_rollout_ref.model.lora_rank == lora["lora_rank"]

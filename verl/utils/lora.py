@@ -73,7 +73,7 @@ def maybe_wrap_lora(model: torch.nn.Module, model_config: Mapping):
     if not lora_enabled(model_config):
         return model
     return wrap_lora(model, model_config["lora_rank"], model_config.get("lora_alpha", 16),
-                     model_config.get("target_modules", DEFAULT_TARGET_MODULES))
+                     model_config.get("target_modules") or DEFAULT_TARGET_MODULES)
 
 
 def is_lora_model(model: torch.nn.Module) -> bool:
