@@ -85,7 +85,8 @@ def create_app(retriever, limits: ServerLimits, batcher: MicroBatcher | None = N
                 "encoder": encoder["model_path"] if isinstance(encoder, dict) else encoder,
                 "index_size": info["index_size"], "default_topk": limits.default_topk,
                 "max_topk": limits.max_topk, "max_queries": limits.max_queries,
-                "batching": batcher.batching}
+                "batching": batcher.batching,
+                **{key: info[key] for key in ("encoder_device", "search_devices") if key in info}}
 
     @app.get("/stats")
     async def stats() -> dict:
