@@ -41,6 +41,7 @@ def test_health(dense_server, bm25_server):
     dense = httpx.get(dense_server.url + "/health").json()
     assert dense["ready"] and dense["index_size"] == 406 and dense["kind"] == "dense"
     assert dense["encoder"].rstrip("/").endswith("model")  # the MiniLM folder
+    assert dense["encoder_device"] == "cpu" and dense["search_devices"] == ["cpu"]
     bm25 = httpx.get(bm25_server.url + "/health").json()
     assert bm25["ready"] and bm25["index_size"] == 406 and bm25["kind"] == "bm25"
 
