@@ -62,8 +62,16 @@ def grpo_overrides(model_path: str, steps: int, test_freq: int, out_dir: Path, l
         "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32",
         f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", f"trainer.save_freq={steps}",
         "trainer.val_before_train=true", "trainer.logger=[console,jsonl]", f"trainer.log_dir={out_dir}",
-        f"trainer.default_local_dir={out_dir / 'ckpt'}", "trainer.experiment_name=learning_check",
+        f"trainer.default_local_dir={ckpt_dir()}", "trainer.experiment_name=learning_check",
+        "trainer.resume_mode=disable",  # always from the warm start, not from an earlier run
     ]
+
+
+def ckpt_dir() -> Path:
+    """Checkpoints (GBs) go to the cache, never next to the committed results."""
+    from verl.utils.model_zoo import cache_root
+
+    return cache_root() / "learning_check_ckpt"
 
 
 def read_metrics(path: Path) -> list[dict]:

@@ -58,20 +58,13 @@ def _minilm_path() -> str:
 
 
 def _preset(name: str, model_path: str | None = None) -> EncoderSpec | None:
-    """The preset's conventions; ``model_path`` replaces its model location (looked up only if absent)."""
-    spec = _preset_defaults(name, model_path)
-    if spec is not None and model_path:
-        spec.model_path = model_path
-    return spec
-
-
-def _preset_defaults(name: str, model_path: str | None) -> EncoderSpec | None:
+    """The preset's conventions; ``model_path`` replaces its model location."""
     if name == "e5":
-        return EncoderSpec("e5", "intfloat/e5-base-v2", "mean", "query: ", "passage: ", True, 256)
+        return EncoderSpec("e5", model_path or "intfloat/e5-base-v2", "mean", "query: ", "passage: ", True, 256)
     if name == "bge":
-        return EncoderSpec("bge", "BAAI/bge-base-en-v1.5", "cls", BGE_QUERY_INSTRUCTION, "", True, 256)
+        return EncoderSpec("bge", model_path or "BAAI/bge-base-en-v1.5", "cls", BGE_QUERY_INSTRUCTION, "", True, 256)
     if name == "minilm":
-        # The packaged copy is only needed when no other location is given.
+        # The packaged copy is looked up only when no other location is given.
         return EncoderSpec("minilm", model_path or _minilm_path(), "mean", "", "", True, 256)
     return None
 
@@ -93,12 +86,10 @@ def resolve_encoder_spec(retrieval_method: str, model_path: str | None = None,
     if spec is None:
         path = model_path or retrieval_method
         family = _guess_family(path)
-        spec = _preset(family) if family in ("e5", "bge") else None
-        if spec is not None:
-            spec.model_path = path
-        elif family == "dpr":
+        spec = _preset(family, path) if family in ("e5", "bge") else None
+        if spec is None and family == "dpr":
             spec = EncoderSpec("custom", path, "pooler", "", "", False, 256)
-        else:
+        elif spec is None:
             spec = EncoderSpec("custom", path, "mean", "", "", True, 256)
     if pooling is not None:
         if pooling not in POOLING_METHODS:
