@@ -65,34 +65,45 @@ def _gpu_info() -> dict | None:
 
 
 class TreeMemorySampler:
-    """Samples the summed RSS of a process and all its descendants; keeps the peak (GiB).
+    """Samples the memory of a process and all its descendants; keeps the peaks (GiB).
 
     Ray workers and vLLM engine processes are children of the measured process, so the peak of the
-    whole tree is the memory a user must provision.
+    whole tree is the memory a user must provision. Two sums: RSS counts pages shared between
+    processes (the torch libraries every Ray worker maps, the object store) once per process; PSS
+    splits each shared page between the processes that map it, so the tree's PSS is the memory it
+    really occupies. ``breakdown`` is the per-process PSS (GiB) at the PSS peak.
     """
 
-    def __init__(self, pid: int, interval_s: float = 0.5):
-        self.pid, self.interval_s, self.peak_gib = pid, interval_s, 0.0
+    def __init__(self, pid: int, interval_s: float = 1.0):
+        self.pid, self.interval_s, self.peak_gib, self.peak_pss_gib = pid, interval_s, 0.0, 0.0
+        self.breakdown: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _tree_rss(self) -> int:
+    def _sample(self) -> tuple[int, int, dict[str, float]]:
         try:
             root = psutil.Process(self.pid)
             procs = [root, *root.children(recursive=True)]
         except psutil.NoSuchProcess:
-            return 0
-        total = 0
+            return 0, 0, {}
+        rss = pss = 0
+        per_process: dict[str, float] = {}
         for proc in procs:
             try:
-                total += proc.memory_info().rss
-            except psutil.NoSuchProcess:
-                pass
-        return total
+                info = proc.memory_full_info()
+                name = f"{proc.pid}:{' '.join(proc.cmdline()[:2])[-60:] or proc.name()}"
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+            rss, pss = rss + info.rss, pss + getattr(info, "pss", info.rss)
+            per_process[name] = round(getattr(info, "pss", info.rss) / 2**30, 2)
+        return rss, pss, per_process
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_gib = max(self.peak_gib, self._tree_rss() / 2**30)
+            rss, pss, per_process = self._sample()
+            self.peak_gib = max(self.peak_gib, rss / 2**30)
+            if pss / 2**30 > self.peak_pss_gib:
+                self.peak_pss_gib, self.breakdown = pss / 2**30, per_process
             self._stop.wait(self.interval_s)
 
     def __enter__(self):
@@ -105,13 +116,14 @@ class TreeMemorySampler:
 
 
 def run_measured(cmd: list[str], env: dict | None = None, timeout_s: float | None = None) -> dict:
-    """Run ``cmd`` as a child process; return wall time, exit code and the tree's peak RSS."""
+    """Run ``cmd`` as a child process; return wall time, exit code and the tree's peak RSS and PSS."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, env={**os.environ, **(env or {})})
     with TreeMemorySampler(proc.pid) as sampler:
         returncode = proc.wait(timeout=timeout_s)
     return {"returncode": returncode, "wall_s": time.perf_counter() - start,
-            "peak_rss_gib": round(sampler.peak_gib, 2)}
+            "peak_rss_gib": round(sampler.peak_gib, 2), "peak_pss_gib": round(sampler.peak_pss_gib, 2),
+            "pss_breakdown_gib": dict(sorted(sampler.breakdown.items(), key=lambda kv: -kv[1]))}
 
 
 def save_report(name: str, report: dict, out_dir: str | os.PathLike | None = None, quiet: bool = False) -> Path:

@@ -1,4 +1,4 @@
-"""Learning check (issue 8): GRPO from the SmolLM2 warm start on CPU; does the curve rise?
+"""Learning check (issues 6, 8): GRPO from the SmolLM2 warm start; does the curve rise?
 
 Runs the embedded default (``scripts/quickstart.py``: example data, local BM25 retriever) for
 ``--steps`` GRPO steps starting from the cached warm start (``scripts/warm_start.py``), with greedy
@@ -8,6 +8,7 @@ commit, command and machine. The baseline in the same run is step 0 (validation 
 the report gives the last/first ratios.
 
     python benchmarks/learning_check.py --steps 20 --out_dir benchmarks/results/learning_check
+    python benchmarks/learning_check.py --gpu --batch_size 64 --n 8 --steps 30 --out_dir $OUT/lc   # one GPU
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -43,28 +45,43 @@ FORMAT_REWARD = ["reward_model.structure_format_score=0.2", "reward_model.retrie
 
 
 def grpo_overrides(model_path: str, steps: int, test_freq: int, out_dir: Path, lr: float,
-                   batch_size: int = 8, rollout: str = "vllm", format_reward: bool = True) -> list[str]:
-    """CPU GRPO recipe: ``batch_size`` prompts x 4 samples per step, 2 search turns, greedy validation."""
-    return (FORMAT_REWARD if format_reward else []) + [
+                   batch_size: int = 8, rollout: str = "vllm", format_reward: bool = True, n: int = 4,
+                   gpu: bool = False) -> list[str]:
+    """GRPO recipe: ``batch_size`` prompts x ``n`` samples per step, 2 search turns, greedy validation."""
+    return (FORMAT_REWARD if format_reward else []) + (GPU_ARGS if gpu else CPU_ARGS) + [
         f"actor_rollout_ref.model.path={model_path}", "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-        "trainer.n_gpus_per_node=1", f"actor_rollout_ref.rollout.name={rollout}", "actor_rollout_ref.rollout.n=4",
+        "trainer.n_gpus_per_node=1", f"actor_rollout_ref.rollout.name={rollout}", f"actor_rollout_ref.rollout.n={n}",
         f"data.train_batch_size={batch_size}", "data.val_batch_size=30", "data.val_data_num=30",
         "data.max_prompt_length=1536", "data.max_start_length=320", "data.max_response_length=384",
-        "data.max_obs_length=224", "max_turns=2",
-        f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}", "actor_rollout_ref.actor.ppo_micro_batch_size=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size=8", "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+        "data.max_obs_length=224", "max_turns=2", f"actor_rollout_ref.actor.ppo_mini_batch_size={batch_size}",
         f"actor_rollout_ref.actor.optim.lr={lr}", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.max_packed_row_len=1024",
-        "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
-        "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
-        "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32",
-        f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", f"trainer.save_freq={steps}",
+        f"trainer.total_training_steps={steps}", f"trainer.test_freq={test_freq}", f"trainer.save_freq={test_freq}",
         "trainer.val_before_train=true", "trainer.logger=[console,jsonl]", f"trainer.log_dir={out_dir}",
         f"trainer.default_local_dir={ckpt_dir()}", "trainer.experiment_name=learning_check",
-        "trainer.resume_mode=disable",  # always from the warm start, not from an earlier run
+        "trainer.resume_mode=auto", "trainer.max_actor_ckpt_to_keep=1",  # main() clears it unless --resume
     ]
+
+
+# 2 CPU cores: fp32 everywhere (no bf16 matmuls), no offload, no recompute, short packed rows.
+CPU_ARGS = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size=8",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.max_packed_row_len=1024",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32",
+]
+# One (shared) GPU: bf16, token-budget micro-batches, a small slice of memory for vLLM's KV cache.
+GPU_ARGS = [
+    "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
+    "actor_rollout_ref.actor.ppo_micro_batch_size=64", "actor_rollout_ref.rollout.log_prob_micro_batch_size=64",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size=64", "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=false",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
+]
 
 
 def ckpt_dir() -> Path:
@@ -75,8 +92,14 @@ def ckpt_dir() -> Path:
 
 
 def read_metrics(path: Path) -> list[dict]:
+    """Metric rows by step; a step logged again after a resume replaces the earlier row."""
+    by_step: dict[int, dict] = {}
     with open(path) as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                by_step[row["step"]] = row
+    return [by_step[step] for step in sorted(by_step)]
 
 
 def table(rows: list[dict]) -> str:
@@ -120,7 +143,10 @@ def summary(rows: list[dict]) -> dict:
 
 
 def machine() -> dict:
-    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+    return {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(), "gpu": gpu}
 
 
 def commit() -> str:
@@ -132,7 +158,9 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--test_freq", type=int, default=5)
     parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--batch_size", type=int, default=8, help="prompts per step (x 4 samples)")
+    parser.add_argument("--batch_size", type=int, default=8, help="prompts per step (x n samples)")
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt (GRPO group size)")
+    parser.add_argument("--gpu", action="store_true", help="one-GPU recipe (bf16, dynamic batch sizes)")
     parser.add_argument("--rollout", default="vllm", help="vllm | hf")
     parser.add_argument("--em_only", action="store_true", help="plain EM reward (no format/retrieval terms)")
     parser.add_argument("--train_sources", default="hotpotqa",
@@ -142,6 +170,8 @@ def main(argv=None) -> None:
     parser.add_argument("--model", default=None, help="default: the cached SmolLM2 warm start")
     parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results" / "learning_check"))
     parser.add_argument("--report_only", action="store_true", help="re-plot an existing metrics.jsonl")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue an interrupted run from its last checkpoint (saved every --test_freq steps)")
     args = parser.parse_args(argv)
     out_dir = Path(args.out_dir).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,12 +180,14 @@ def main(argv=None) -> None:
         from warm_start import ensure_warm_start
 
         model = args.model or ensure_warm_start()
-        (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+        if not args.resume:  # a fresh run from the warm start
+            (out_dir / "metrics.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(ckpt_dir(), ignore_errors=True)
         data = ["--data-dir", f"data/learning_check_{args.train_sources}_{args.test_sources}".replace(",", "-"),
                 "--train-sources", args.train_sources, "--test-sources", args.test_sources]
         command = [sys.executable, str(ROOT / "scripts" / "quickstart.py"), *data,
                    *grpo_overrides(model, args.steps, args.test_freq, out_dir, args.lr, args.batch_size,
-                                   args.rollout, format_reward=not args.em_only)]
+                                   args.rollout, format_reward=not args.em_only, n=args.n, gpu=args.gpu)]
         print("+ " + shlex.join(command), flush=True)
         started = time.perf_counter()
         subprocess.run(command, cwd=ROOT, check=True)

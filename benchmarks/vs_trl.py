@@ -73,6 +73,7 @@ def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool) -> li
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0", "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.rollout.kv_cache_space_gib=1",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.max_packed_row_len=1024",
         "reward_model.format_score=0.1", "trainer.n_gpus_per_node=1", "trainer.logger=[jsonl]",
@@ -111,6 +112,7 @@ def summarise(name: str, steps: list[dict], run: dict) -> dict:
     med = {k: statistics.median(s[k] for s in measured) for k in measured[0]}
     return {"name": name, "steps_measured": len(measured), "median": med,
             "tokens_per_s": med["generated_tokens"] / med["step_s"], "peak_rss_gib": run["peak_rss_gib"],
+            "peak_pss_gib": run["peak_pss_gib"], "pss_breakdown_gib": run["pss_breakdown_gib"],
             "process_wall_s": round(run["wall_s"], 1), "per_step": steps}
 
 
@@ -139,9 +141,13 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=1, help="alternating ours/TRL rounds")
     ap.add_argument("--skip_search", action="store_true", help="skip the search-on table")
+    ap.add_argument("--ours_only", action="store_true", help="only our side (prints, saves vs_trl_ours.json)")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     data_dir, trl_questions = write_inputs(pick_questions(64), work)
+    if args.ours_only:
+        save_report("vs_trl_ours", {"ours": run_ours(work, data_dir, args.steps, search=False, tag="only")})
+        return
     ours, trl = [], []
     for r in range(args.rounds):
         ours.append(run_ours(work, data_dir, args.steps, search=False, tag=f"r{r}"))
@@ -154,6 +160,7 @@ def main() -> None:
         "ours": ours, "trl": trl,
         "ratio_step_throughput_ours_over_trl": b["median"]["step_s"] / a["median"]["step_s"],
         "ratio_peak_rss_ours_over_trl": a["peak_rss_gib"] / b["peak_rss_gib"],
+        "ratio_peak_pss_ours_over_trl": a["peak_pss_gib"] / b["peak_pss_gib"],
     }
     if not args.skip_search:
         report["ours_with_search"] = run_ours(work, data_dir, args.steps, search=True, tag="search")

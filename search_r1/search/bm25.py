@@ -17,6 +17,12 @@ import numpy as np
 from .corpus import Corpus
 from .dense import hits_from_arrays
 
+# bm25s imports jax when it is installed and runs a top-k at import time; on a GPU machine that
+# initialises XLA's GPU client, which preallocates 75% of the GPU's memory for a CPU-side index
+# (seen on the H200: a BM25 server holding 105 GiB, and the trainer then out of memory). Top-k over
+# BM25 scores is cheap on the CPU; keep jax there.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 TOKENIZER_FILE = "search_r1_bm25_tokenizer.json"
 DEFAULT_K1, DEFAULT_B = 0.9, 0.4  # Pyserini's BM25 defaults, which Search-R1's bm25 server used
 
@@ -117,7 +123,7 @@ class BM25Retriever:
         tokens = bm25s.tokenize(list(queries), stopwords=self.stopwords, stemmer=self._stemmer,
                                 return_ids=False, show_progress=False)
         ids, scores = self.model.retrieve(tokens, k=min(topk, len(self)), show_progress=False,
-                                          n_threads=1)
+                                          n_threads=1, backend_selection="numpy")
         searched = time.perf_counter()
         results = hits_from_arrays(self.corpus, np.asarray(ids), np.asarray(scores))
         if timings is not None:

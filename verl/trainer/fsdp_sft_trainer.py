@@ -46,8 +46,10 @@ def sft_loss_sum(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, tor
         batch: ``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``, each
             (batch, seq_len); ``loss_mask[t] == 1`` marks token ``t`` as a target.
     Returns:
-        ``(nll_sum, num_tokens)``: scalar tensors (nats, count).
+        ``(nll_sum, num_tokens)``: scalar tensors (nats, count) on the model's device.
     """
+    device = fsdp_utils.device_name()
+    batch = {key: value.to(device) for key, value in batch.items()}
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                    position_ids=batch["position_ids"], use_cache=False).logits
     log_probs = logprobs_from_logits(logits[:, :-1], batch["input_ids"][:, 1:])
@@ -160,8 +162,9 @@ class FSDPSFTTrainer:
         self.model.train()
         pad = self.tokenizer.pad_token_id or 0
         groups = [collate_right_padded(g, pad) for g in micro_batches(items, self.config.data)]
-        total_tokens = _all_reduce_sum(sum(g["loss_mask"][:, 1:].sum() for g in groups).float())
-        nll_total = torch.zeros(())
+        device = fsdp_utils.device_name()
+        total_tokens = _all_reduce_sum(sum(g["loss_mask"][:, 1:].sum() for g in groups).float().to(device))
+        nll_total = torch.zeros((), device=device)
         for group in groups:
             nll_sum, _ = sft_loss_sum(self.model, group)
             # FSDP averages gradients over ranks; scale so the result is the global token mean.
@@ -181,7 +184,7 @@ class FSDPSFTTrainer:
         self.model.eval()
         dataset = self.val_dataset
         mine = list(range(self.rank, len(dataset), self.world_size))
-        nll, tokens = torch.zeros(()), torch.zeros(())
+        nll = tokens = torch.zeros((), device=fsdp_utils.device_name())
         for group in micro_batches([dataset[i] for i in mine], self.config.data):
             nll_sum, count = sft_loss_sum(self.model, collate_right_padded(group, self.tokenizer.pad_token_id or 0))
             nll, tokens = nll + nll_sum, tokens + count

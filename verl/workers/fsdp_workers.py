@@ -12,6 +12,7 @@ this module wires models, optimizers, engines and checkpoints to the group's cal
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import torch
@@ -199,6 +200,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         # the actor's forward layout follows the model node (as in veRL)
         actor.use_remove_padding = bool(cfg.model.get("use_remove_padding", False))
         actor.max_packed_row_len = _packed_row_len(cfg.model)
+        actor.share_prompts = bool(cfg.model.get("share_prompts", False))
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -237,6 +239,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         ref_cfg = _plain_config(self.config.ref)
         ref_cfg.use_remove_padding = bool(self.config.model.get("use_remove_padding", False))
         ref_cfg.max_packed_row_len = _packed_row_len(self.config.model)
+        ref_cfg.share_prompts = bool(self.config.model.get("share_prompts", False))
         if self._is_actor and lora.is_lora_model(self.actor_module):
             # Hook: a LoRA actor's reference is its own base (adapters disabled), no second copy.
             self.ref_module = None
@@ -331,9 +334,11 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             self.lr_scheduler.step()
             self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
         if self.rollout_engine is not None:
+            started = time.perf_counter()
             with self.phase_memory.track("weight_sync"):
                 self.rollout_engine.resume_memory()
                 self._sync_rollout_weights()
+            metrics["timing_s/weight_sync"] = time.perf_counter() - started
         metrics.update(self.phase_memory.pop_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
 

@@ -151,6 +151,21 @@ def check_batch_sizes(cfg: DictConfig) -> None:
         raise ValueError("batch sizes disagree:\n  " + "\n  ".join(errors))
 
 
+def on_policy_update(cfg: DictConfig) -> bool:
+    """True when the actor update may take ``old_log_probs`` from its own forward pass.
+
+    With one PPO epoch and one mini-batch per step, the update runs on the parameters that
+    generated the batch, so the recomputed ``old_log_probs`` equal the update's log-probs: the ratio
+    is 1 and the clipped objective's gradient is the plain policy gradient. Needs
+    ``actor.skip_old_log_prob_on_policy``, and nothing else that reads ``old_log_probs`` (the
+    in-reward KL, truncated importance sampling against the rollout's log-probs).
+    """
+    actor = cfg.actor_rollout_ref.actor
+    return (bool(actor.get("skip_old_log_prob_on_policy", False)) and int(actor.ppo_epochs) == 1
+            and int(actor.ppo_mini_batch_size) == int(cfg.data.train_batch_size)
+            and not cfg.algorithm.use_kl_in_reward and float(actor.get("tis_imp_ratio_cap", -1) or -1) <= 0)
+
+
 def needs_critic(cfg: DictConfig) -> bool:
     return cfg.algorithm.adv_estimator in ADV_ESTIMATORS_NEEDING_CRITIC
 

@@ -45,11 +45,12 @@ class RayPPOTrainer:
         self.train_loader, self.val_batches = train_loader, val_batches
         self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
         self.kl_ctrl, self.tracker, self.total_steps, self.num_params = kl_ctrl, tracker, total_steps, num_params
-        from verl.trainer.ppo.config_check import data_parallel_size, rollout_n
+        from verl.trainer.ppo.config_check import data_parallel_size, on_policy_update, rollout_n
         from verl.trainer.ppo.rollout_adapter import sampling_params
 
         self.n = rollout_n(config)
         self.num_devices = data_parallel_size(config)
+        self.skip_old_log_prob = on_policy_update(config)
         rollout_cfg, data_cfg = config.actor_rollout_ref.rollout, config.data
         self.train_params = sampling_params(rollout_cfg, data_cfg.max_response_length)
         self.val_params = sampling_params(rollout_cfg, data_cfg.max_response_length, validate=True)
@@ -89,7 +90,8 @@ class RayPPOTrainer:
         w = self.workers
         batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
         with timer("old_log_prob", timings):
-            stages.merge_outputs(batch, w.call(w.actor_rollout, "compute_log_prob", batch))
+            if not self.skip_old_log_prob:  # else the update uses its own log-probs (on-policy)
+                stages.merge_outputs(batch, w.call(w.actor_rollout, "compute_log_prob", batch))
         if "entropys" in batch.batch.keys():
             mask = batch.batch["response_mask"].bool()
             metrics["actor/entropy"] = batch.batch["entropys"][mask].mean().item() if mask.any() else 0.0

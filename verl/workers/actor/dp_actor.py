@@ -10,6 +10,8 @@ Two forward layouts give the same numbers:
 * ``use_remove_padding``: valid tokens of all rows packed into one ``(1, N)`` row with per-row
   restarting ``position_ids`` and no attention mask; transformers then builds a block-diagonal
   causal mask (sdpa/eager) or varlen flash attention, so no compute goes to padding.
+  With ``share_prompts`` (sdpa/eager only), rows with the same prompt share one copy of it under
+  a custom mask (:mod:`verl.utils.prefix_sharing`), so a GRPO group's prompt is computed once.
 
 Log-probs and entropies are 0 where the *target* response token is padding, in both layouts.
 """
@@ -25,6 +27,7 @@ from torch import nn
 
 from verl.trainer.ppo import core_algos
 from verl.utils import torch_functional as F
+from verl.utils.prefix_sharing import pack_shared_prompts, supports_custom_mask
 from verl.utils.seqlen_balancing import grad_accum_weights, restore_order, split_micro_batches
 
 logger = logging.getLogger(__name__)
@@ -34,7 +37,8 @@ _FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
 
 def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, use_remove_padding: bool = False,
                       calculate_entropy: bool = False, logits_chunk_size: int = 0,
-                      max_packed_row_len: int = 0, packed_row_multiple: int = 1) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      max_packed_row_len: int = 0, packed_row_multiple: int = 1,
+                      share_prompts: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of the response tokens of one micro-batch.
 
     Args:
@@ -54,6 +58,10 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
             tokens (0: one row) so sdpa's dense block-diagonal mask stays ``O(row_len^2)``;
             ``packed_row_multiple`` rounds the row length up (few distinct shapes for compiled
             attention kernels such as flex attention).
+        share_prompts: with ``use_remove_padding`` and sdpa/eager attention, rows with the same
+            prompt share one copy of it in the packed rows
+            (:func:`verl.utils.prefix_sharing.pack_shared_prompts`); same numbers, less compute
+            when ``rollout.n > 1``.
     Returns:
         ``log_probs`` ``(B, R)`` and ``entropy`` ``(B, R)`` (or None), in nats, 0 where the response
         token is padding.
@@ -64,7 +72,11 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
     response_length = micro["responses"].shape[1]
     labels = F.next_token_labels(input_ids)
     src = dst = None
-    if use_remove_padding:
+    if use_remove_padding and share_prompts and supports_custom_mask(model):
+        packed_ids, packed_pos, src, dst, mask = pack_shared_prompts(
+            input_ids, attention_mask, position_ids, seqlen - response_length, max_packed_row_len or input_ids.numel())
+        inputs = {"input_ids": packed_ids, "position_ids": packed_pos, "attention_mask": mask}
+    elif use_remove_padding:
         packed_ids, packed_pos, src, dst = F.pack_sequences_rows(input_ids, attention_mask, position_ids,
                                                                  max_packed_row_len or input_ids.numel(),
                                                                  packed_row_multiple)
@@ -173,7 +185,8 @@ class DataParallelPPOActor:
             ``kl_loss_coef``, ``kl_loss_type``, ``tis_imp_ratio_cap`` (> 0 enables truncated IS),
             ``tis_level``, ``tis_mode``, ``policy_loss.loss_mode``, ``use_remove_padding``; speed only
             (same numbers): ``logits_chunk_size`` (default 4096, 0 = full logits),
-            ``max_packed_row_len`` (default 0 = one packed row), ``packed_row_multiple`` (default 1).
+            ``max_packed_row_len`` (default 0 = one packed row), ``packed_row_multiple`` (default 1),
+            ``share_prompts`` (default False).
         actor_module: the model (FSDP2-wrapped or plain).
         actor_optimizer: None for a frozen model (reference: log-probs only).
     """
@@ -187,10 +200,12 @@ class DataParallelPPOActor:
         self.logits_chunk_size = int(config.get("logits_chunk_size", 4096) or 0)
         self.max_packed_row_len = int(config.get("max_packed_row_len", 0) or 0)
         self.packed_row_multiple = int(config.get("packed_row_multiple", 1) or 1)
+        self.share_prompts = bool(config.get("share_prompts", False))
 
     def _forward(self, micro, temperature: float, calculate_entropy: bool):
         return forward_log_probs(self.actor_module, micro, temperature, self.use_remove_padding, calculate_entropy,
-                                 self.logits_chunk_size, self.max_packed_row_len, self.packed_row_multiple)
+                                 self.logits_chunk_size, self.max_packed_row_len, self.packed_row_multiple,
+                                 self.share_prompts)
 
     # ------------------------------------------------------------------ log-probs
     def _micro_batches(self, batch, micro_batch_size: int | None, use_dynamic_bsz: bool, max_token_len: int | None):
@@ -226,7 +241,9 @@ class DataParallelPPOActor:
 
     # ------------------------------------------------------------------ update
     def _select_update_keys(self, data):
-        keys = _FORWARD_KEYS + ["response_mask", "old_log_probs", "advantages"]
+        keys = _FORWARD_KEYS + ["response_mask", "advantages"]
+        if "old_log_probs" in data.batch.keys() or not self._single_update(data):
+            keys.append("old_log_probs")
         if self.config.get("use_kl_loss", False):
             keys.append("ref_log_probs")
         if float(self.config.get("tis_imp_ratio_cap", 0) or 0) > 0:
@@ -236,8 +253,17 @@ class DataParallelPPOActor:
             raise KeyError(f"update_policy needs batch keys {missing} (has {sorted(data.batch.keys())})")
         return data.batch.select(*[k for k in keys if k in data.batch.keys()])
 
+    def _single_update(self, data) -> bool:
+        """One epoch and one mini-batch: the update runs on the parameters that generated the data."""
+        return int(self.config.get("ppo_epochs", 1)) == 1 and \
+            int(data.batch.batch_size[0]) <= int(self.config.get("ppo_mini_batch_size"))
+
     def update_policy(self, data) -> dict[str, float]:
         """PPO epochs over mini-batches, gradient accumulation over micro-batches.
+
+        Without ``old_log_probs`` in the batch (allowed only for one epoch over one mini-batch,
+        where they would equal the current policy's), the ratio's denominator is the update's own
+        log-probs, detached: ratio 1, the same gradient as with recomputed ``old_log_probs``.
 
         Loss per micro-batch (Schulman et al. 2017): the registered policy loss
         (``policy_loss.loss_mode``, default ``vanilla`` clipped surrogate) optionally weighted by
@@ -298,17 +324,18 @@ class DataParallelPPOActor:
         response_mask = micro["response_mask"].to(torch.float32)
         entropy_coeff = float(self.config.get("entropy_coeff", 0.0) or 0.0)
         log_prob, entropy = self._forward(micro, temperature, calculate_entropy=True)
+        old_log_prob = micro["old_log_probs"] if "old_log_probs" in micro.keys() else log_prob.detach()
         metrics: dict[str, Any] = {}  # floats or 0-d tensors (synced once per mini-batch)
         is_weights = None
         cap = float(self.config.get("tis_imp_ratio_cap", 0) or 0)
         if cap > 0:
             is_weights, is_metrics = core_algos.compute_rollout_is_weights(
-                micro["old_log_probs"], micro["rollout_log_probs"], response_mask, cap=cap,
+                old_log_prob, micro["rollout_log_probs"], response_mask, cap=cap,
                 level=self.config.get("tis_level", "token"), mode=self.config.get("tis_mode", "truncate"))
             metrics.update({f"actor/{k}": v for k, v in is_metrics.items()})
         loss_mode = (self.config.get("policy_loss") or {}).get("loss_mode", "vanilla")
         pg_loss, pg_metrics = core_algos.get_policy_loss_fn(loss_mode)(
-            micro["old_log_probs"], log_prob, micro["advantages"], response_mask, loss_agg_mode, self.config,
+            old_log_prob, log_prob, micro["advantages"], response_mask, loss_agg_mode, self.config,
             rollout_is_weights=is_weights)
         metrics.update(pg_metrics)
         entropy_loss = core_algos.agg_loss(entropy, response_mask, loss_agg_mode)

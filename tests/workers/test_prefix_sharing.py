@@ -1,0 +1,130 @@
+"""Shared-prompt packing and the on-policy update: same numbers as the plain layouts, less compute."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from verl.trainer.ppo.config_check import load_default_config, on_policy_update
+from verl.utils.fsdp_utils import load_causal_lm
+from verl.utils.prefix_sharing import pack_shared_prompts, supports_custom_mask
+from verl.workers.actor.dp_actor import DataParallelPPOActor
+
+from .test_dp_actor import actor_config, reference_log_probs
+
+
+@pytest.fixture(scope="module")
+def model(tiny_qwen_path):
+    torch.manual_seed(0)
+    model = load_causal_lm({"path": tiny_qwen_path})
+    assert supports_custom_mask(model), "the tiny model must use sdpa/eager for these tests to mean anything"
+    return model
+
+
+def grouped_batch(batch_factory, group_sizes=(3, 2, 1, 2), seed=11):
+    """Rows in groups sharing one prompt (as after ``rollout.n`` repeats), responses all different."""
+    data = batch_factory(num_rows=sum(group_sizes), seed=seed)
+    batch, prompt_len = data.batch, data.batch["prompts"].shape[1]
+    row = 0
+    for size in group_sizes:
+        for member in range(row + 1, row + size):
+            for key in ("prompts", "input_ids", "attention_mask"):
+                batch[key][member, :prompt_len] = batch[key][row, :prompt_len]
+        row += size
+    from verl.utils.torch_functional import position_ids_from_mask
+
+    batch["position_ids"] = position_ids_from_mask(batch["attention_mask"])
+    return data
+
+
+def shared_config(**overrides):
+    return actor_config(use_remove_padding=True, share_prompts=True, **overrides)
+
+
+def test_each_prompt_packed_once_and_siblings_masked(batch_factory):
+    data = grouped_batch(batch_factory)
+    b = data.batch
+    prompt_len = b["prompts"].shape[1]
+    ids, pos, src, dst, mask = pack_shared_prompts(b["input_ids"], b["attention_mask"], b["position_ids"],
+                                                   prompt_len, max_row_len=1000)
+    prompt_tokens = [int(b["attention_mask"][r, :prompt_len].sum()) for r in (0, 3, 5, 6)]
+    response_tokens = int(b["attention_mask"][:, prompt_len:].sum())
+    assert int(torch.unique(dst).numel()) == sum(prompt_tokens) + response_tokens
+    assert src.numel() == int(b["attention_mask"].sum())  # every valid token has a slot
+    assert torch.equal(ids.reshape(-1)[dst], b["input_ids"].reshape(-1)[src])
+    assert torch.equal(pos.reshape(-1)[dst], b["position_ids"].reshape(-1)[src])
+    flat_mask = mask[0, 0]
+    # Row 1's first response token must see row 0's prompt (shared) but not row 0's response.
+    seqlen = b["input_ids"].shape[1]
+    slot = {int(s): int(d) for s, d in zip(src, dst)}
+    first_resp_1 = slot[1 * seqlen + prompt_len]
+    first_resp_0 = slot[0 * seqlen + prompt_len]
+    last_prompt = slot[0 * seqlen + prompt_len - 1]
+    assert slot[1 * seqlen + prompt_len - 1] == last_prompt
+    assert flat_mask[first_resp_1, last_prompt] and not flat_mask[first_resp_1, first_resp_0]
+
+
+@pytest.mark.parametrize("max_row_len", [0, 24])  # 24: groups split, each part repeats the prompt
+def test_shared_log_probs_equal_plain_forward(model, batch_factory, max_row_len):
+    data = grouped_batch(batch_factory)
+    actor = DataParallelPPOActor(shared_config(max_packed_row_len=max_row_len, ppo_micro_batch_size_per_gpu=8), model)
+    log_probs, entropy = actor.compute_log_prob(data, calculate_entropy=True)
+    torch.testing.assert_close(log_probs, reference_log_probs(model, data), atol=1e-5, rtol=0)
+    _, plain_entropy = DataParallelPPOActor(actor_config(ppo_micro_batch_size_per_gpu=8), model).compute_log_prob(
+        data, calculate_entropy=True)
+    torch.testing.assert_close(entropy, plain_entropy, atol=1e-5, rtol=0)
+
+
+def _update(model, data, config):
+    clone = copy.deepcopy(model)
+    actor = DataParallelPPOActor(config, clone, torch.optim.SGD(clone.parameters(), lr=1.0))
+    metrics = actor.update_policy(data)
+    return {k: v.detach().clone() for k, v in clone.named_parameters()}, metrics
+
+
+def test_shared_update_equals_padded_update(model, batch_factory):
+    data = grouped_batch(batch_factory)
+    old, _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
+    data.batch["old_log_probs"] = old + 0.2 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2))
+    common = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, entropy_coeff=0.01, grad_clip=0.0)
+    padded, _ = _update(model, data, actor_config(**common))
+    shared, _ = _update(model, data, shared_config(**common))
+    assert any(not torch.equal(padded[k], v) for k, v in model.named_parameters())
+    for name in padded:
+        torch.testing.assert_close(shared[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_on_policy_update_needs_no_old_log_probs(model, batch_factory):
+    data = grouped_batch(batch_factory)
+    common = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, grad_clip=0.0)
+    with_old = copy.deepcopy(data)
+    with_old.batch["old_log_probs"], _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
+    expected, expected_metrics = _update(model, with_old, actor_config(**common))
+    got, metrics = _update(model, data, actor_config(**common))
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+    assert metrics["actor/pg_loss"] == pytest.approx(expected_metrics["actor/pg_loss"], abs=1e-6)
+    assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
+    with pytest.raises(KeyError, match="old_log_probs"):  # two mini-batches: the second is off-policy
+        _update(model, data, actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4))
+
+
+@pytest.mark.parametrize("override, expected", [
+    ({}, True),
+    ({"actor_rollout_ref.actor.ppo_epochs": 2}, False),
+    ({"actor_rollout_ref.actor.ppo_mini_batch_size": 4}, False),
+    ({"algorithm.use_kl_in_reward": True}, False),
+    ({"actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0}, False),
+    ({"actor_rollout_ref.actor.skip_old_log_prob_on_policy": False}, False),
+])
+def test_on_policy_update_detection(override, expected):
+    cfg = load_default_config()
+    OmegaConf.update(cfg, "data.train_batch_size", 8)
+    OmegaConf.update(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 8)
+    OmegaConf.update(cfg, "algorithm.use_kl_in_reward", False)
+    for key, value in override.items():
+        OmegaConf.update(cfg, key, value)
+    assert on_policy_update(cfg) is expected
