@@ -89,3 +89,19 @@ def test_release_and_resume_memory_keep_the_engine_usable(vllm_engine, prompts):
     vllm_engine.release_memory()  # a logged no-op on CPU, sleep(level=1) on GPU
     vllm_engine.resume_memory()
     assert vllm_engine.generate(prompts[:1], params)[0].token_ids == before
+
+
+def test_seeded_requests_get_distinct_seeds():
+    """Identical prompts of a GRPO group must not share a vLLM seed (they would sample alike)."""
+    from vllm import SamplingParams as VSamplingParams
+
+    from verl.workers.rollout.vllm_rollout import per_request_seeds
+
+    base = VSamplingParams(temperature=1.0, max_tokens=8, seed=5)
+    first = per_request_seeds(base, 4, offset=0)
+    second = per_request_seeds(base, 4, offset=4)
+    seeds = [p.seed for p in first + second]
+    assert seeds == list(range(5, 13))  # distinct within a call and across calls, reproducible
+    assert all(p.temperature == 1.0 and p.max_tokens == 8 for p in first)
+    unseeded = VSamplingParams(temperature=1.0, max_tokens=8)
+    assert per_request_seeds(unseeded, 4, offset=0) is unseeded

@@ -66,6 +66,25 @@ def _hidden_from_kernel_scan() -> Iterator[None]:
         sys.modules.update(hidden)
 
 
+def per_request_seeds(vparams, count: int, offset: int):
+    """vLLM sampling params for ``count`` requests: one seed each when ``vparams`` has a seed.
+
+    A seeded vLLM request draws the same random numbers as any other request with that seed, so a
+    GRPO group (``n`` identical prompts) sharing ``rollout.seed`` would sample ``n`` identical
+    responses: zero reward spread, zero advantages. Request ``i`` of this call gets
+    ``seed + offset + i`` (``offset``: requests seeded before), reproducible and distinct.
+    Returns ``vparams`` unchanged (one params object for all) when it has no seed.
+    """
+    if vparams.seed is None:
+        return vparams
+    seeded = []
+    for i in range(count):
+        request = vparams.clone()
+        request.seed = vparams.seed + offset + i
+        seeded.append(request)
+    return seeded
+
+
 def _is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
     return current_platform.is_cpu()
@@ -118,6 +137,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.in_process = backend in ("uni", "external_launcher")
         self.weight_route: str | None = None
         self._sleeping = False
+        self._requests_seeded = 0  # requests so far: each seeded request gets a seed of its own
         logger.info("vLLM rollout engine ready: executor=%s dtype=%s tp=%d", backend, dtype, tensor_parallel_size)
 
     # ---- generation -------------------------------------------------------------------------
@@ -128,8 +148,10 @@ class VLLMRolloutEngine(RolloutEngine):
         for row, prompt in enumerate(prompt_token_ids):
             if not prompt:
                 raise ValueError(f"prompt {row} is empty")
+        vparams = per_request_seeds(self.to_vllm_params(params), len(prompt_token_ids), self._requests_seeded)
+        self._requests_seeded += len(prompt_token_ids)
         requests = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids],
-                                     self.to_vllm_params(params), use_tqdm=False)
+                                     vparams, use_tqdm=False)
         return [self._convert(sample, params) for request in requests for sample in request.outputs]
 
     @staticmethod
