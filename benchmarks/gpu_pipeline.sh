@@ -39,7 +39,7 @@ if [ "${SCALE:-}" = searchr1 ]; then
   )
 fi
 # EXTRA: more key=value overrides for every run (word-split, last so they win), e.g. a smaller token
-# budget per micro-batch when other tenants hold most of a shared GPU.
+# budget per micro-batch when little GPU memory is free.
 read -r -a extra <<< "${EXTRA:-}"
 common+=("${extra[@]}")
 run_algo() {  # name script rollout extra-overrides...
