@@ -162,9 +162,13 @@ def main() -> None:
         "ratio_peak_rss_ours_over_trl": a["peak_rss_gib"] / b["peak_rss_gib"],
         "ratio_peak_pss_ours_over_trl": a["peak_pss_gib"] / b["peak_pss_gib"],
     }
+    save_report("vs_trl", report)  # the A/B result is safe before the optional search-on table
     if not args.skip_search:
-        report["ours_with_search"] = run_ours(work, data_dir, args.steps, search=True, tag="search")
-    save_report("vs_trl", report)
+        try:
+            report["ours_with_search"] = run_ours(work, data_dir, args.steps, search=True, tag="search")
+        except RuntimeError as err:  # e.g. killed for memory: keep the A/B figures, say what failed
+            report["ours_with_search"] = {"error": str(err)}
+        save_report("vs_trl", report)
 
 
 if __name__ == "__main__":
