@@ -13,7 +13,7 @@ from verl.utils.fsdp_utils import load_causal_lm
 from verl.utils.prefix_sharing import pack_shared_prompts, supports_custom_mask
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 
-from .test_dp_actor import actor_config, reference_log_probs
+from .test_dp_actor import _updated_params, actor_config, reference_log_probs
 
 
 @pytest.fixture(scope="module")
@@ -78,20 +78,13 @@ def test_shared_log_probs_equal_plain_forward(model, batch_factory, max_row_len)
     torch.testing.assert_close(entropy, plain_entropy, atol=1e-5, rtol=0)
 
 
-def _update(model, data, config):
-    clone = copy.deepcopy(model)
-    actor = DataParallelPPOActor(config, clone, torch.optim.SGD(clone.parameters(), lr=1.0))
-    metrics = actor.update_policy(data)
-    return {k: v.detach().clone() for k, v in clone.named_parameters()}, metrics
-
-
 def test_shared_update_equals_padded_update(model, batch_factory):
     data = grouped_batch(batch_factory)
     old, _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
     data.batch["old_log_probs"] = old + 0.2 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2))
     common = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, entropy_coeff=0.01, grad_clip=0.0)
-    padded, _ = _update(model, data, actor_config(**common))
-    shared, _ = _update(model, data, shared_config(**common))
+    padded, _ = _updated_params(model, data, actor_config(**common))
+    shared, _ = _updated_params(model, data, shared_config(**common))
     assert any(not torch.equal(padded[k], v) for k, v in model.named_parameters())
     for name in padded:
         torch.testing.assert_close(shared[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
@@ -102,14 +95,14 @@ def test_on_policy_update_needs_no_old_log_probs(model, batch_factory):
     common = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, grad_clip=0.0)
     with_old = copy.deepcopy(data)
     with_old.batch["old_log_probs"], _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
-    expected, expected_metrics = _update(model, with_old, actor_config(**common))
-    got, metrics = _update(model, data, actor_config(**common))
+    expected, expected_metrics = _updated_params(model, with_old, actor_config(**common))
+    got, metrics = _updated_params(model, data, actor_config(**common))
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
     assert metrics["actor/pg_loss"] == pytest.approx(expected_metrics["actor/pg_loss"], abs=1e-6)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
     with pytest.raises(KeyError, match="old_log_probs"):  # two mini-batches: the second is off-policy
-        _update(model, data, actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4))
+        _updated_params(model, data, actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4))
 
 
 @pytest.mark.parametrize("override, expected", [
