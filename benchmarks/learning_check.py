@@ -73,7 +73,7 @@ CPU_ARGS = [
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32",
 ]
-# One (shared) GPU: bf16, token-budget micro-batches, a small slice of memory for vLLM's KV cache.
+# One GPU: bf16, token-budget micro-batches, a small slice of memory for vLLM's KV cache (plenty for 135M).
 GPU_ARGS = [
     "actor_rollout_ref.actor.use_dynamic_bsz=true", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384",
     "actor_rollout_ref.actor.ppo_micro_batch_size=64", "actor_rollout_ref.rollout.log_prob_micro_batch_size=64",

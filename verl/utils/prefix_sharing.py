@@ -35,9 +35,10 @@ def _units(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length:
     A group whose unit would exceed ``max_row_len`` is split (each part repeats the prompt).
     """
     groups: dict[bytes, list[int]] = {}
-    prompt_mask = attention_mask[:, :prompt_length].bool()
-    for row in range(input_ids.shape[0]):
-        groups.setdefault(input_ids[row, :prompt_length][prompt_mask[row]].cpu().numpy().tobytes(), []).append(row)
+    prompt_mask = attention_mask[:, :prompt_length].bool().cpu()  # one transfer, not one per row
+    prompt_ids = input_ids[:, :prompt_length].cpu()
+    for row in range(prompt_ids.shape[0]):
+        groups.setdefault(prompt_ids[row][prompt_mask[row]].numpy().tobytes(), []).append(row)
     prompt_lens = prompt_mask.long().sum(-1).tolist()
     response_lens = attention_mask[:, prompt_length:].long().sum(-1).tolist()
     units = []

@@ -71,18 +71,8 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
     batch, seqlen = input_ids.shape
     response_length = micro["responses"].shape[1]
     labels = F.next_token_labels(input_ids)
-    src = dst = None
-    if use_remove_padding and share_prompts and supports_custom_mask(model):
-        packed_ids, packed_pos, src, dst, mask = pack_shared_prompts(
-            input_ids, attention_mask, position_ids, seqlen - response_length, max_packed_row_len or input_ids.numel())
-        inputs = {"input_ids": packed_ids, "position_ids": packed_pos, "attention_mask": mask}
-    elif use_remove_padding:
-        packed_ids, packed_pos, src, dst = F.pack_sequences_rows(input_ids, attention_mask, position_ids,
-                                                                 max_packed_row_len or input_ids.numel(),
-                                                                 packed_row_multiple)
-        inputs = {"input_ids": packed_ids, "position_ids": packed_pos}
-    else:
-        inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    inputs, src, dst = _model_inputs(model, input_ids, attention_mask, position_ids, seqlen - response_length,
+                                     use_remove_padding, share_prompts, max_packed_row_len, packed_row_multiple)
     head = _plain_lm_head(model) if logits_chunk_size > 0 else None
     if head is not None:
         log_probs, entropy = _chunked_response_stats(model, head, inputs, labels, attention_mask, response_length,
@@ -101,6 +91,19 @@ def forward_log_probs(model: nn.Module, micro: Any, temperature: float = 1.0, us
     if entropy is not None:
         entropy = entropy * target_valid
     return log_probs, entropy
+
+
+def _model_inputs(model, input_ids, attention_mask, position_ids, prompt_length: int, use_remove_padding: bool,
+                  share_prompts: bool, max_packed_row_len: int, packed_row_multiple: int):
+    """The forward's inputs in the chosen layout, with ``src``/``dst`` token maps (None when padded)."""
+    if not use_remove_padding:
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}, None, None
+    row_len = max_packed_row_len or input_ids.numel()
+    if share_prompts and supports_custom_mask(model):
+        ids, pos, src, dst, mask = pack_shared_prompts(input_ids, attention_mask, position_ids, prompt_length, row_len)
+        return {"input_ids": ids, "position_ids": pos, "attention_mask": mask}, src, dst
+    ids, pos, src, dst = F.pack_sequences_rows(input_ids, attention_mask, position_ids, row_len, packed_row_multiple)
+    return {"input_ids": ids, "position_ids": pos}, src, dst
 
 
 def _packed_full_logits_stats(model, inputs, labels, src, dst, batch: int, seqlen: int, response_length: int,
