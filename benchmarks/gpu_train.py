@@ -24,7 +24,8 @@ Configurations run on the same batch, each one warm-up step then ``--steps`` tim
 
 Suffixes: ``_nockpt`` turns gradient checkpointing off (e.g. ``actor_packed_nockpt``,
 ``baseline_padded_nockpt``); ``_flex`` uses ``attn_implementation="flex_attention"`` (block-sparse
-mask, so packed rows are not capped). The actor configs only compute LM-head logits where a
+mask, so packed rows are not capped); ``_varlen`` uses ``torch_varlen`` (torch's varlen flash kernel,
+:mod:`verl.utils.varlen_attention`: no mask, one packed row per micro-batch). The actor configs only compute LM-head logits where a
 response token is predicted; the FLOP count below still charges the head for every token.
 
 tokens/s counts valid (non-padding) tokens. MFU = useful FLOPs / time / 989e12 (H200 dense bf16),
@@ -53,8 +54,10 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 from benchmarks.common import save_report  # noqa: E402
 from benchmarks.shapes import build_random_model, get_shape, train_flops  # noqa: E402
+from verl.utils import varlen_attention  # noqa: E402,F401  (registers attn_implementation="torch_varlen")
 
 PEAK_BF16_FLOPS = 989e12  # H200 dense bf16 tensor-core peak
+ATTN_SUFFIXES = {"flex": "flex_attention", "varlen": "torch_varlen"}  # config suffix -> attn_implementation
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -213,17 +216,22 @@ def measure(step, steps: int, flops: dict) -> dict:
 
 
 def parse_config(name: str, args) -> tuple[str, dict]:
-    """``actor_packed_flex_nockpt`` -> ``("actor_packed", {"attn": "flex_attention", "grad_ckpt": False})``.
+    """``actor_packed_flex_nockpt`` -> ``("actor_packed", {"attn": "flex_attention", "grad_ckpt": False})``;
+    ``_varlen`` selects ``torch_varlen`` (:mod:`verl.utils.varlen_attention`).
 
     Raises:
         ValueError: unknown base name or suffix.
     """
-    base, *suffixes = name.replace("_nockpt", "|nockpt").replace("_flex", "|flex").split("|")
-    if base not in ("actor_packed", "actor_padded", "baseline_padded") or not set(suffixes) <= {"nockpt", "flex"}:
+    marked = name
+    for suffix in [*ATTN_SUFFIXES, "nockpt"]:
+        marked = marked.replace("_" + suffix, "|" + suffix)
+    base, *suffixes = marked.split("|")
+    attn = [ATTN_SUFFIXES[s] for s in suffixes if s in ATTN_SUFFIXES]
+    if base not in ("actor_packed", "actor_padded", "baseline_padded") or len(attn) > 1 \
+            or not set(suffixes) <= set(ATTN_SUFFIXES) | {"nockpt"}:
         raise ValueError(f"unknown config {name!r}; expected actor_packed, actor_padded or baseline_padded, "
-                         "optionally with _flex and/or _nockpt")
-    return base, {"attn": "flex_attention" if "flex" in suffixes else args.attn,
-                  "grad_ckpt": not (args.no_grad_ckpt or "nockpt" in suffixes)}
+                         f"optionally with one of {sorted('_' + s for s in ATTN_SUFFIXES)} and/or _nockpt")
+    return base, {"attn": attn[0] if attn else args.attn, "grad_ckpt": not (args.no_grad_ckpt or "nockpt" in suffixes)}
 
 
 def run_config(name: str, shape, args, batch: dict, flops: dict) -> dict:

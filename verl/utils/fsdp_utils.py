@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from verl.utils import varlen_attention  # registers attn_implementation="torch_varlen"
+
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
@@ -99,11 +101,14 @@ def _pretrained_kwargs(model_config: Any, torch_dtype: torch.dtype) -> dict:
 
 
 def resolve_attn_implementation(requested: str | None) -> str:
-    """``requested`` if given, else flash_attention_2 when installed on a GPU, else sdpa."""
+    """``requested`` if given; else on a GPU flash_attention_2 when installed, else torch_varlen
+    (torch's own varlen flash kernel, :mod:`verl.utils.varlen_attention`); else sdpa."""
     if requested:
         return requested
     if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
         return "flash_attention_2"
+    if varlen_attention.varlen_kernel_available():
+        return varlen_attention.NAME
     return "sdpa"
 
 

@@ -29,6 +29,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils import torch_functional as F
 from verl.utils.prefix_sharing import pack_shared_prompts, supports_custom_mask
 from verl.utils.seqlen_balancing import grad_accum_weights, restore_order, split_micro_batches
+from verl.utils.varlen_attention import packed_row_len
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +99,7 @@ def _model_inputs(model, input_ids, attention_mask, position_ids, prompt_length:
     """The forward's inputs in the chosen layout, with ``src``/``dst`` token maps (None when padded)."""
     if not use_remove_padding:
         return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}, None, None
-    row_len = max_packed_row_len or input_ids.numel()
+    row_len = packed_row_len(model, max_packed_row_len, input_ids.numel())
     if share_prompts and supports_custom_mask(model):
         ids, pos, src, dst, mask = pack_shared_prompts(input_ids, attention_mask, position_ids, prompt_length, row_len)
         return {"input_ids": ids, "position_ids": pos, "attention_mask": mask}, src, dst

@@ -17,6 +17,7 @@ from verl.trainer.ppo import core_algos
 from verl.utils import torch_functional as F
 from verl.utils.fsdp_utils import clip_grad_and_step
 from verl.utils.seqlen_balancing import grad_accum_weights, restore_order, split_micro_batches
+from verl.utils.varlen_attention import packed_row_len
 
 
 def forward_values(model: nn.Module, micro: Any, use_remove_padding: bool = False,
@@ -35,8 +36,8 @@ def forward_values(model: nn.Module, micro: Any, use_remove_padding: bool = Fals
     batch, seqlen = input_ids.shape
     response_length = micro["responses"].shape[1]
     if use_remove_padding:
-        packed_ids, packed_pos, src, dst = F.pack_sequences_rows(input_ids, attention_mask, position_ids,
-                                                                 max_packed_row_len or input_ids.numel())
+        row_len = packed_row_len(model, max_packed_row_len, input_ids.numel())
+        packed_ids, packed_pos, src, dst = F.pack_sequences_rows(input_ids, attention_mask, position_ids, row_len)
         out = model(input_ids=packed_ids, position_ids=packed_pos, use_cache=False).logits[..., 0]
         values = F.pad_packed(out.reshape(-1)[dst].float(), src, batch, seqlen)
     else:
