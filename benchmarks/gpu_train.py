@@ -84,6 +84,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--attn", default="sdpa", help="attn_implementation (sdpa, flex_attention, ...)")
     parser.add_argument("--time_budget_s", type=float, default=300.0,
                         help="start no new configuration after this many seconds")
+    parser.add_argument("--compile", default="none", choices=["none", "head", "layers", "both"],
+                        help="torch.compile the log-prob/entropy chunks (head), each decoder layer, or both")
+    parser.add_argument("--profile", action="store_true", help="also record one update's top ops (torch.profiler)")
     parser.add_argument("--out_dir", default=None)
     parser.add_argument("--name", default="gpu_train")
     parser.add_argument("--seed", type=int, default=0)
@@ -141,6 +144,9 @@ def _model(shape, args, variant: dict):
         # as verl.utils.fsdp_utils._finish_model: non-reentrant checkpointing works with FSDP2
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
+    if args.compile in ("layers", "both"):
+        for layer in model.model.layers:  # per block, before FSDP2 (as torchtitan does)
+            layer.compile(dynamic=True)
     return model.train()
 
 
@@ -197,10 +203,24 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def measure(step, steps: int, flops: dict) -> dict:
-    """Warm-up once, then time ``steps`` calls; tokens/s, MFU and peak memory."""
+def profile_top_ops(step, top: int = 25) -> list[dict]:
+    """One ``step`` under torch.profiler: the ``top`` ops by device (else CPU) self time, in ms."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        step()
+        _sync()
+    key = "self_device_time_total" if torch.cuda.is_available() else "self_cpu_time_total"
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)[:top]
+    return [{"op": e.key[:80], "calls": e.count, "self_ms": round(getattr(e, key) / 1e3, 2)} for e in events]
+
+
+def measure(step, steps: int, flops: dict, profile_ops: bool = False) -> dict:
+    """Warm-up once, then time ``steps`` calls; tokens/s, MFU and peak memory (and top ops if asked)."""
     step()
     _sync()
+    top_ops = profile_top_ops(step) if profile_ops else None
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
@@ -212,7 +232,8 @@ def measure(step, steps: int, flops: dict) -> dict:
             "tokens_per_s": round(flops["tokens"] / seconds, 1),
             "achieved_tflops": float(f"{flops['total_flops'] / seconds / 1e12:.4g}"),
             "mfu": float(f"{flops['total_flops'] / seconds / PEAK_BF16_FLOPS:.4g}"),
-            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None}
+            "peak_mem_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2) if torch.cuda.is_available() else None,
+            **({"profile_top_ops": top_ops} if top_ops else {})}
 
 
 def parse_config(name: str, args) -> tuple[str, dict]:
@@ -244,7 +265,7 @@ def run_config(name: str, shape, args, batch: dict, flops: dict) -> dict:
     except Exception as err:  # e.g. flex_attention unavailable: record it, keep measuring the others
         return {"skipped": f"setup failed: {type(err).__name__}: {str(err)[:300]}", **variant}
     try:
-        return {**measure(step, args.steps, flops), **variant}
+        return {**measure(step, args.steps, flops, args.profile), **variant}
     except torch.OutOfMemoryError as err:
         return {"skipped": f"out of memory: {str(err)[:200]}", **variant}
     except Exception as err:  # a failing variant (e.g. flex compile) must not lose the others
@@ -284,11 +305,15 @@ def goals(shapes: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.compile in ("head", "both"):
+        from verl.utils.torch_functional import use_compiled_token_stats
+
+        use_compiled_token_stats(True)
     deadline = time.perf_counter() + args.time_budget_s
     prompt_lens, resp_lens = sample_lengths(args)
     report = {"benchmark": "train_update_actor", "weights": "random init (no pretrained weights; throughput only)",
               "device": "cuda" if torch.cuda.is_available() else "cpu", "rows": args.rows, "attn": args.attn,
-              "max_token_len": args.max_token_len, "pack_row_len": args.pack_row_len,
+              "max_token_len": args.max_token_len, "compile": args.compile, "pack_row_len": args.pack_row_len,
               "logits_chunk": args.logits_chunk, "micro_rows": args.micro_rows, "steps": args.steps,
               "length_distribution": {
                   "prompt": f"uniform integer [{args.prompt_min}, {args.prompt_max}]",

@@ -202,6 +202,20 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
+def compile_decoder_layers(model: nn.Module) -> int:
+    """``torch.compile`` each decoder layer in place (dynamic shapes); returns how many.
+
+    Per layer and before FSDP2 wraps it, as torchtitan does: FSDP2's hooks stay outside the
+    compiled code, and the layers share one compiled graph. Eager, RMSNorm, rotary embeddings and
+    SiLU-gating run as separate memory-bound kernels; compiled they fuse (1.5B shape on the H200:
+    MFU 39.5% -> 46.2%, docs/benchmarks.md).
+    """
+    layers = decoder_layers(model)
+    for layer in layers:
+        layer.compile(dynamic=True)
+    return len(layers)
+
+
 def mixed_precision_policy(mixed_precision: Any = None):
     """FSDP2 policy: on GPU bf16 params / fp32 reduce by default; on CPU everything fp32.
 

@@ -264,6 +264,20 @@ def _token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return torch.stack(stats, dim=-1)
 
 
+_compiled_token_stats = None
+
+
+def use_compiled_token_stats(enabled: bool = True) -> None:
+    """Run the per-chunk log-prob/entropy math through ``torch.compile`` (process-wide switch).
+
+    Eager, each chunk makes ~20 passes over its ``(chunk, vocab)`` fp32 logits (cast, logsumexp,
+    softmax, product, sum and their backward); compiled, these fuse into a few kernels. veRL's
+    ``use_torch_compile`` compiles its entropy/log-prob functions for the same reason.
+    """
+    global _compiled_token_stats
+    _compiled_token_stats = torch.compile(_token_stats, dynamic=True) if enabled else None
+
+
 def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                              bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = 4096,
                              calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -285,14 +299,15 @@ def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels:
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    stats_fn = _compiled_token_stats or _token_stats
     chunks = []
     for start in range(0, hidden.shape[0], chunk_size):
         args = (hidden[start:start + chunk_size], weight, bias, labels[start:start + chunk_size],
                 temperature, calculate_entropy)
         if needs_grad:
-            chunks.append(torch.utils.checkpoint.checkpoint(_token_stats, *args, use_reentrant=False))
+            chunks.append(torch.utils.checkpoint.checkpoint(stats_fn, *args, use_reentrant=False))
         else:
-            chunks.append(_token_stats(*args))
+            chunks.append(stats_fn(*args))
     if not chunks:
         stats = hidden.new_zeros((0, 2 if calculate_entropy else 1), dtype=torch.float32)
     else:

@@ -24,7 +24,7 @@ from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils import fsdp_utils, lora
 from verl.utils.checkpoint import FSDPCheckpointManager
 from verl.utils.device_memory import PhaseMemory
-from verl.utils.torch_functional import build_lr_scheduler, build_optimizer
+from verl.utils.torch_functional import build_lr_scheduler, build_optimizer, use_compiled_token_stats
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
 
@@ -228,6 +228,8 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         model = lora.maybe_wrap_lora(model, self.config.model)
         if lora.is_lora_model(model) and self.config.model.get("enable_gradient_checkpointing", False):
             model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
+        # the transformers rollout generates with this very module: keep its layers eager
+        self._maybe_compile(model, compile_layers=not (self._is_rollout and self.config.rollout.name == "hf"))
         self.actor_module, self.actor_optimizer, self.lr_scheduler = self._build_trainable(
             model, fsdp_cfg, actor_cfg.optim)
         self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer)
@@ -246,10 +248,23 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             self.ref_policy = DataParallelPPOActor(ref_cfg, self.actor_module)
             return
         model = fsdp_utils.load_causal_lm(self.config.model, torch_dtype=torch.float32, trainable=False)
+        self._maybe_compile(model, compile_layers=True)
         self.ref_module = fsdp_utils.apply_fsdp2(
             model, mixed_precision=self.config.actor.get("fsdp_config", {}).get("mixed_precision"),
             param_offload=bool(ref_cfg.get("fsdp_config", {}).get("param_offload", False)))
         self.ref_policy = DataParallelPPOActor(ref_cfg, self.ref_module)
+
+    def _maybe_compile(self, model: torch.nn.Module, compile_layers: bool) -> None:
+        """``actor.use_torch_compile`` on a GPU: compiled log-prob/entropy chunks and decoder layers.
+
+        CPU runs stay eager (inductor's CPU backend needs a C++ toolchain, and compilation costs
+        more than it saves on the small CPU batches); LoRA models stay eager (peft's wrappers).
+        """
+        if not (torch.cuda.is_available() and self.config.actor.get("use_torch_compile", True)):
+            return
+        use_compiled_token_stats(True)
+        if compile_layers and not lora.is_lora_model(model):
+            fsdp_utils.compile_decoder_layers(model)
 
     # ------------------------------------------------------------------ rollout
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
