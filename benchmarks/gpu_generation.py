@@ -60,6 +60,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="cudagraph: full decode CUDA graphs without torch.compile (fast start); "
                              "compiled: vLLM's default torch.compile + graphs; eager: enforce_eager")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.6)
+    parser.add_argument("--async_scheduling", action="store_true", help="vLLM async_scheduling=True")
     parser.add_argument("--dtype", default=None, help="bfloat16 on GPU, float32 on CPU by default")
     parser.add_argument("--out_dir", default=None, help="where the JSON goes (default benchmarks/results)")
     parser.add_argument("--name", default="gpu_generation")
@@ -157,6 +158,8 @@ def vllm_kwargs(args, max_batch: int) -> dict:
     kwargs = {"load_format": "dummy", "skip_tokenizer_init": True, "dtype": args.dtype_name, "seed": 0,
               "max_model_len": args.prompt_len + args.new_tokens + 16, "max_num_seqs": max_batch,
               "gpu_memory_utilization": args.gpu_memory_utilization, "enable_prefix_caching": False}
+    if args.async_scheduling:  # schedule step t+1 on the CPU while the GPU runs step t
+        kwargs["async_scheduling"] = True
     if args.vllm_mode == "eager" or not torch.cuda.is_available():
         kwargs["enforce_eager"] = True
     elif args.vllm_mode == "cudagraph":
