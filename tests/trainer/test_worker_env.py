@@ -11,7 +11,7 @@ def test_cpu_default_is_the_malloc_settings_and_a_mapping_replaces_it():
     cfg = load_default_config()
     assert cfg.trainer.worker_env_vars is None
     assert worker_setup.worker_env_vars(cfg, use_gpu=False) == CPU_MALLOC_ENV_VARS
-    assert CPU_MALLOC_ENV_VARS["MALLOC_MMAP_THRESHOLD_"] == "1048576"
+    assert CPU_MALLOC_ENV_VARS == {"MALLOC_ARENA_MAX": "2"}
     assert worker_setup.worker_env_vars(cfg, use_gpu=True) == {}
     cfg.trainer.worker_env_vars = {"MALLOC_ARENA_MAX": 4}
     check_config(cfg)  # a mapping is a valid value for the null default

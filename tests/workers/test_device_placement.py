@@ -45,3 +45,50 @@ def test_phase_memory_reports_the_phase_peak_and_forgets_after_pop():
         # The high-water mark was reset at the phase start and saw the 64 MiB block.
         assert metrics["perf/cpu_peak_rss_gb/gen"] >= metrics["perf/cpu_rss_gb/gen"] + 60 / 1024
     assert tracker.pop_metrics() == {}
+
+
+def _mmapped_blocks() -> int:
+    """glibc's count of blocks it serves with their own mapping (``mallinfo2().hblks``)."""
+    import ctypes
+
+    class MallInfo2(ctypes.Structure):
+        _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                                                          "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.mallinfo2.restype = MallInfo2
+    return libc.mallinfo2().hblks
+
+
+@pytest.mark.skipif(not hasattr(__import__("ctypes").CDLL(None), "mallinfo2"), reason="needs glibc >= 2.33")
+def test_update_mmap_threshold_maps_mid_sized_tensors_only_inside_the_block():
+    import ctypes.util  # noqa: F401
+
+    from verl.utils.device_memory import host_mmap_threshold
+
+    with host_mmap_threshold(1 << 20) as applied:
+        before = _mmapped_blocks()
+        inside = torch.ones(1 << 20)  # 4 MiB: its own mapping, returned to the OS when freed
+        assert applied and _mmapped_blocks() == before + 1
+    del inside
+    before = _mmapped_blocks()
+    outside = torch.ones(1 << 20)  # below the restored 32 MiB threshold: from the heap
+    assert _mmapped_blocks() == before
+    del outside
+    with host_mmap_threshold(None) as applied:
+        assert not applied
+
+
+def test_worker_reads_update_mmap_threshold_from_the_actor_config():
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    def threshold(value):
+        fake = SimpleNamespace(config=OmegaConf.create({"actor": {"update_mmap_threshold_mib": value}}))
+        return ActorRolloutRefWorker._update_mmap_threshold(fake)
+
+    assert threshold(None) is None and threshold(0) is None
+    assert threshold(1) == (None if torch.cuda.is_available() else 1 << 20)

@@ -66,6 +66,19 @@ def trim_host_heap() -> bool:
     ``malloc_trim`` releases every whole free page of every arena (``madvise(MADV_DONTNEED)``), so
     the process's RSS drops back to what it still uses. Costs milliseconds; changes no values.
     """
+    libc = _libc()
+    trim = getattr(libc, "malloc_trim", None) if libc else None
+    if trim is None:  # musl, macOS: no malloc_trim
+        return False
+    trim(0)
+    return True
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt parameter number (malloc.h)
+GLIBC_MAX_MMAP_THRESHOLD = 32 << 20  # the ceiling of glibc's dynamic threshold on 64-bit
+
+
+def _libc():
     global _LIBC
     if _LIBC is None:
         name = ctypes.util.find_library("c")
@@ -73,11 +86,31 @@ def trim_host_heap() -> bool:
             _LIBC = ctypes.CDLL(name) if name else False
         except OSError:
             _LIBC = False
-    trim = getattr(_LIBC, "malloc_trim", None) if _LIBC else None
-    if trim is None:  # musl, macOS: no malloc_trim
-        return False
-    trim(0)
-    return True
+    return _LIBC
+
+
+@contextlib.contextmanager
+def host_mmap_threshold(threshold_bytes: int | None) -> Iterator[bool]:
+    """Inside the block, glibc gives each block of >= ``threshold_bytes`` its own mapping.
+
+    A mapped block goes back to the OS the moment it is freed, so a phase that allocates and frees
+    gigabytes of differently sized tensors (an actor update: activations, their gradients, the
+    parameter gradients) cannot leave its peak inflated by heap fragmentation. The price is a fresh
+    zero-filled page per 4 KiB on every allocation (page faults), so it is used for the update only.
+    After the block the threshold is set to glibc's 32 MiB ceiling, where its dynamic threshold
+    would be by then anyway (the dynamic adjustment stays off: mallopt fixes the threshold). Yields
+    whether it applied (glibc only; ``threshold_bytes`` falsy: a no-op). Changes no values.
+    """
+    libc = _libc()
+    mallopt = getattr(libc, "mallopt", None) if libc else None
+    if not threshold_bytes or mallopt is None:
+        yield False
+        return
+    mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes))
+    try:
+        yield True
+    finally:
+        mallopt(_M_MMAP_THRESHOLD, GLIBC_MAX_MMAP_THRESHOLD)
 
 
 class PhaseMemory:

@@ -63,8 +63,8 @@ def worker_env_vars(cfg: DictConfig, use_gpu: bool) -> dict[str, str]:
     """Environment of the Ray worker processes from ``trainer.worker_env_vars``.
 
     ``null`` (the default): on a CPU-only machine, the glibc malloc settings of
-    :data:`verl.single_controller.ray.init.CPU_MALLOC_ENV_VARS` (they cut the worker's peak RSS;
-    they must be in the environment when the process starts, hence here and not in the worker);
+    :data:`verl.single_controller.ray.init.CPU_MALLOC_ENV_VARS` (glibc reads them when the process
+    starts, hence here and not in the worker);
     nothing with GPUs. A mapping replaces that choice (``{}``: none).
     """
     from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
