@@ -61,7 +61,7 @@ def write_inputs(rows: list[dict], work: Path) -> tuple[Path, Path]:
     return data_dir, trl_path
 
 
-def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool) -> list[str]:
+def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool, grad_ckpt: bool = False) -> list[str]:
     overrides = [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.001",
@@ -73,9 +73,11 @@ def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool) -> li
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.temperature=1.0",
         "actor_rollout_ref.rollout.top_p=1.0", "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.rollout.kv_cache_space_gib=1",
+        # 0.5 GiB holds 11.6k tokens (fp32, 46 KB each): a step's 8 prompts x 4 samples of <= ~290
+        # tokens need ~9k, fewer with prefix caching. The cache is resident for the whole run.
+        "actor_rollout_ref.rollout.kv_cache_space_gib=0.5",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32",
-        "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.max_packed_row_len=1024",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={str(grad_ckpt).lower()}", "actor_rollout_ref.model.max_packed_row_len=1024",
         "reward_model.format_score=0.1", "trainer.n_gpus_per_node=1", "trainer.logger=[jsonl]",
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.export_hf=false",
@@ -116,9 +118,9 @@ def summarise(name: str, steps: list[dict], run: dict) -> dict:
             "process_wall_s": round(run["wall_s"], 1), "per_step": steps}
 
 
-def run_ours(work: Path, data_dir: Path, steps: int, search: bool, tag: str) -> dict:
+def run_ours(work: Path, data_dir: Path, steps: int, search: bool, tag: str, grad_ckpt: bool = False) -> dict:
     ckpt = work / f"ours_{tag}"
-    run = run_measured(ours_command(data_dir, ckpt, steps, search))
+    run = run_measured(ours_command(data_dir, ckpt, steps, search, grad_ckpt))
     if run["returncode"] != 0:
         raise RuntimeError(f"our trainer failed ({tag}), exit {run['returncode']}")
     return summarise(f"ours_{tag}", ours_steps(ckpt), run)
@@ -142,15 +144,19 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating ours/TRL rounds")
     ap.add_argument("--skip_search", action="store_true", help="skip the search-on table")
     ap.add_argument("--ours_only", action="store_true", help="only our side (prints, saves vs_trl_ours.json)")
+    ap.add_argument("--gradient_checkpointing", action="store_true",
+                    help="ours with activation checkpointing, as TRL's GRPOConfig does by default (less "
+                         "memory, slower update); off by default")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     data_dir, trl_questions = write_inputs(pick_questions(64), work)
     if args.ours_only:
-        save_report("vs_trl_ours", {"ours": run_ours(work, data_dir, args.steps, search=False, tag="only")})
+        save_report("vs_trl_ours", {"ours": run_ours(work, data_dir, args.steps, search=False, tag="only",
+                                                     grad_ckpt=args.gradient_checkpointing)})
         return
     ours, trl = [], []
     for r in range(args.rounds):
-        ours.append(run_ours(work, data_dir, args.steps, search=False, tag=f"r{r}"))
+        ours.append(run_ours(work, data_dir, args.steps, search=False, tag=f"r{r}", grad_ckpt=args.gradient_checkpointing))
         trl.append(run_trl(work, trl_questions, args.steps, tag=f"r{r}"))
     best = lambda runs: min(runs, key=lambda x: x["median"]["step_s"])  # noqa: E731
     a, b = best(ours), best(trl)

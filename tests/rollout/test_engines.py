@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -105,3 +106,32 @@ def test_seeded_requests_get_distinct_seeds():
     assert all(p.temperature == 1.0 and p.max_tokens == 8 for p in first)
     unseeded = VSamplingParams(temperature=1.0, max_tokens=8)
     assert per_request_seeds(unseeded, 4, offset=0) is unseeded
+
+
+def test_cpu_kv_cache_size_reaches_the_engine_in_bytes(monkeypatch):
+    """A fractional ``kv_cache_space_gib`` becomes ``kv_cache_memory_bytes`` (the env var is whole GiB).
+
+    A 0.5 GiB cache is what the vs_trl benchmark runs with; before, ``int(0.5)`` became
+    ``VLLM_CPU_KVCACHE_SPACE=0`` and vLLM sized the cache from the machine's free RAM.
+    """
+    import vllm
+
+    from verl.workers.rollout import vllm_rollout
+
+    captured = {}
+
+    class FakeLLM:
+        def __init__(self, **kwargs):
+            captured.update(kwargs)
+
+    monkeypatch.setattr(vllm, "LLM", FakeLLM)
+    monkeypatch.setattr(vllm_rollout, "_is_cpu_platform", lambda: True)
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    vllm_rollout.VLLMRolloutEngine("some/model", kv_cache_space_gib=0.5)
+    assert captured["kv_cache_memory_bytes"] == 2**29
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # no process-wide leftover
+    assert vllm_rollout.cpu_kv_cache_kwargs(None) == {"kv_cache_memory_bytes": 2 * 2**30}
+    with pytest.raises(ValueError):
+        vllm_rollout.cpu_kv_cache_kwargs(-1)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # an explicit environment still wins, as before
+    assert vllm_rollout.cpu_kv_cache_kwargs(0.5) == {}

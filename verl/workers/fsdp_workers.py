@@ -23,7 +23,7 @@ from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils import fsdp_utils, lora
 from verl.utils.checkpoint import FSDPCheckpointManager
-from verl.utils.device_memory import PhaseMemory
+from verl.utils.device_memory import PhaseMemory, host_mmap_threshold
 from verl.utils.torch_functional import build_lr_scheduler, build_optimizer, use_compiled_token_stats
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
@@ -342,7 +342,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
         if self.rollout_engine is not None:
             self.rollout_engine.release_memory()
-        with self.phase_memory.track("update_actor"):
+        with self.phase_memory.track("update_actor"), host_mmap_threshold(self._update_mmap_threshold()):
             self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
             metrics = self.actor.update_policy(_on_device(data))
             metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
@@ -356,6 +356,14 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             metrics["timing_s/weight_sync"] = time.perf_counter() - started
         metrics.update(self.phase_memory.pop_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
+
+    def _update_mmap_threshold(self) -> int | None:
+        """Bytes for :func:`host_mmap_threshold` during the update: CPU-only runs, from
+        ``actor.update_mmap_threshold_mib`` (null/0: glibc's own threshold)."""
+        mib = self.config.actor.get("update_mmap_threshold_mib", None)
+        if not mib or torch.cuda.is_available():
+            return None
+        return int(float(mib) * 2**20)
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

