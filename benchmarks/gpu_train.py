@@ -146,8 +146,9 @@ def _model(shape, args, variant: dict):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
     if args.compile in ("layers", "both"):
-        for layer in model.model.layers:  # per block, before FSDP2 (as torchtitan does)
-            layer.compile(dynamic=True)
+        from verl.utils.fsdp_utils import compile_decoder_layers
+
+        compile_decoder_layers(model)  # per block, before FSDP2, as the workers do
     return model.train()
 
 

@@ -66,7 +66,7 @@ def _log_probs_and_grads(model, micro, use_remove_padding):
     return log_probs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def _check_same(sdpa, varlen, micro, atol):
+def _check_same(sdpa, varlen, micro, atol, grad_rtol):
     ref_lp, ref_grads = _log_probs_and_grads(sdpa, micro, use_remove_padding=False)
     lp, grads = _log_probs_and_grads(varlen, micro, use_remove_padding=True)
     mask = micro["attention_mask"][:, -6:].bool()
@@ -74,12 +74,12 @@ def _check_same(sdpa, varlen, micro, atol):
     for name, grad in grads.items():
         scale = ref_grads[name].float().abs().max().clamp(min=1e-3)
         err = (grad.float() - ref_grads[name].float()).abs().max() / scale
-        assert err < 50 * atol, f"{name}: relative gradient error {err}"
+        assert err < grad_rtol, f"{name}: relative gradient error {err}"
 
 
 def test_packed_varlen_matches_padded_sdpa_cpu():
     sdpa, varlen = _pair()
-    _check_same(sdpa, varlen, _batch(), atol=1e-5)
+    _check_same(sdpa, varlen, _batch(), atol=1e-5, grad_rtol=5e-4)
 
 
 def test_padded_batch_and_generation_fall_back_to_sdpa():
@@ -95,4 +95,18 @@ def test_padded_batch_and_generation_fall_back_to_sdpa():
 @pytest.mark.skipif(not varlen_attention.varlen_kernel_available(), reason="needs CUDA and torch.nn.attention.varlen")
 def test_packed_varlen_matches_padded_sdpa_cuda_bf16():
     sdpa, varlen = _pair("cuda", torch.bfloat16)
-    _check_same(sdpa, varlen, _batch("cuda"), atol=5e-2)
+    _check_same(sdpa, varlen, _batch("cuda"), atol=5e-2, grad_rtol=0.1)  # bf16: was 2.5, which passed anything
+
+
+def test_boundaries_computed_once_per_forward(monkeypatch):
+    """Every layer reuses the first layer's cu_seqlens (one host sync per forward, not per layer)."""
+    import weakref
+
+    misses = []
+    monkeypatch.setattr(varlen_attention, "weakref",
+                        type("W", (), {"ref": staticmethod(lambda t: misses.append(1) or weakref.ref(t))}))
+    _, varlen = _pair()
+    micro = _batch()
+    ids, pos, _, _ = F.pack_sequences_rows(micro["input_ids"], micro["attention_mask"], micro["position_ids"], 16)
+    varlen(input_ids=ids, position_ids=pos)
+    assert varlen.config.num_hidden_layers == 2 and len(misses) == 1

@@ -119,7 +119,8 @@ class PhaseMemory:
     def __init__(self) -> None:
         self._peaks: dict[str, tuple[float, float]] = {}
         self._trimmed: dict[str, float] = {}  # CPU: GiB given back by the phase-end heap trim
-        self._names = ("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb")
+        self._names = (("perf/max_memory_allocated_gb", "perf/max_memory_reserved_gb") if torch.cuda.is_available()
+                       else ("perf/cpu_peak_rss_gb", "perf/cpu_rss_gb"))
 
     @contextlib.contextmanager
     def track(self, phase: str) -> Iterator[None]:
@@ -137,7 +138,6 @@ class PhaseMemory:
         if _proc_status_kib("VmRSS", "VmHWM") is None or not reset_peak_rss():
             yield
             return
-        self._names = ("perf/cpu_peak_rss_gb", "perf/cpu_rss_gb")
         try:
             yield
         finally:

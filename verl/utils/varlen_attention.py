@@ -18,6 +18,7 @@ goes to transformers' sdpa; on CPU, or in fp32, each sequence runs through sdpa 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import weakref
 
@@ -74,23 +75,29 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tens
     return cu, max_len
 
 
-def _causal_kwargs(fn) -> dict:
-    # torch 2.10 spells causality is_causal=True; 2.11+ window_size=(-1, 0)
-    params = inspect.signature(fn).parameters
-    return {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+@functools.cache
+def _kernel() -> tuple:
+    """``(varlen_attn, causal kwargs, takes enable_gqa)``, read once from the installed torch.
+
+    torch 2.10 spells causality ``is_causal=True``; 2.11+ ``window_size=(-1, 0)``.
+    """
+    from torch.nn.attention.varlen import varlen_attn
+
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"window_size": (-1, 0)} if "window_size" in params else {"is_causal": True}
+    return varlen_attn, causal, "enable_gqa" in params
 
 
 def _flash_varlen(query, key, value, cu, max_len: int, scaling) -> torch.Tensor:
     """``(T, H, D)`` tensors through the CUDA kernel; grouped KV heads repeated if it lacks GQA."""
-    from torch.nn.attention.varlen import varlen_attn
-
+    varlen_attn, causal, takes_gqa = _kernel()
     if key.shape[1] != query.shape[1]:
-        if "enable_gqa" in inspect.signature(varlen_attn).parameters:
-            return varlen_attn(query, key, value, cu, cu, max_len, max_len, scale=scaling, enable_gqa=True,
-                               **_causal_kwargs(varlen_attn))
-        groups = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    return varlen_attn(query, key, value, cu, cu, max_len, max_len, scale=scaling, **_causal_kwargs(varlen_attn))
+        if takes_gqa:
+            causal = {**causal, "enable_gqa": True}
+        else:
+            groups = query.shape[1] // key.shape[1]
+            key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    return varlen_attn(query, key, value, cu, cu, max_len, max_len, scale=scaling, **causal)
 
 
 def _reference_varlen(query, key, value, cu, scaling) -> torch.Tensor:
@@ -125,7 +132,9 @@ def varlen_attention_forward(module, query: torch.Tensor, key: torch.Tensor, val
     if dropout:
         raise ValueError(f"torch_varlen attention does not implement dropout (got {dropout})")
     batch, heads, seqlen, head_dim = query.shape
-    cu, max_len = cu_seqlens_from_position_ids(position_ids.expand(batch, seqlen))
+    if position_ids.shape != (batch, seqlen):  # e.g. (1, L) shared by rows; expand only then (a new
+        position_ids = position_ids.expand(batch, seqlen)  # tensor object defeats the per-forward cache)
+    cu, max_len = cu_seqlens_from_position_ids(position_ids)
     q, k, v = (t.transpose(1, 2).reshape(batch * seqlen, t.shape[1], head_dim) for t in (query, key, value))
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         out = _flash_varlen(q, k, v, cu, max_len, scaling)
