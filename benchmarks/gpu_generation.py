@@ -61,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "compiled: vLLM's default torch.compile + graphs; eager: enforce_eager")
     parser.add_argument("--gpu_memory_utilization", type=float, default=0.6)
     parser.add_argument("--async_scheduling", action="store_true", help="vLLM async_scheduling=True")
+    parser.add_argument("--profile_steps", type=int, default=0,
+                        help="after the runs, profile this many decode steps at the largest batch (torch "
+                             "profiler, CPU + CUDA; runs the engine in-process: VLLM_ENABLE_V1_MULTIPROCESSING=0)")
     parser.add_argument("--dtype", default=None, help="bfloat16 on GPU, float32 on CPU by default")
     parser.add_argument("--out_dir", default=None, help="where the JSON goes (default benchmarks/results)")
     parser.add_argument("--name", default="gpu_generation")
@@ -203,6 +206,7 @@ def run_vllm(shape, shape_name: str, args, deadline: float) -> dict:
             return {"engine": "vllm", "skipped": f"engine construction failed: {type(err).__name__}: {str(err)[:400]}",
                     "engine_kwargs": kwargs}
         report = {"engine": "vllm", "version": vllm.__version__, "mode": args.vllm_mode, "engine_kwargs": kwargs,
+                  "engine_in_process": os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0",
                   "construct_s": round(time.perf_counter() - start, 1), "runs": []}
         _vllm_generate(llm, random_prompts(8, args.prompt_len, shape.vocab_size, seed=1), 16, args.temperature)
         for batch in args.batches:
@@ -218,6 +222,8 @@ def run_vllm(shape, shape_name: str, args, deadline: float) -> dict:
             report["runs"].append(run)
             print(f"  vllm batch {batch:5d}: {tps:10.1f} tok/s ({seconds:.1f} s); decode only "
                   f"{run['decode_tokens_per_s']:.1f} tok/s = {run['decode_fraction_of_bound']:.1%} of bound", flush=True)
+        if args.profile_steps:
+            report["decode_profile"] = profile_decode(llm, max(args.batches), args.profile_steps, shape, args)
         _shutdown(llm)
     return report
 
@@ -235,6 +241,39 @@ def decode_only(llm, prompts: torch.Tensor, seconds: float, shape, args) -> dict
     bound = bound_fields(shape, batch, args, rate)
     return {"prefill_s": round(prefill_s, 3), "decode_tokens_per_s": round(rate, 1),
             "decode_fraction_of_bound": bound["fraction_of_bound"]}
+
+
+def profile_decode(llm, batch: int, steps: int, shape, args) -> dict:
+    """Where a decode step's wall time goes: GPU kernel time vs the rest (scheduling, input
+    preparation, sampling bookkeeping on the CPU), from torch's profiler over ``steps`` decode steps.
+
+    ``gpu_busy_fraction`` = summed kernel time / wall time of the decode steps (prefill measured
+    separately and subtracted, as in :func:`decode_only`); needs the engine in this process.
+    """
+    prompts = random_prompts(batch, args.prompt_len, shape.vocab_size, seed=2)
+    prefill_s, prefill_kernels = _profiled(llm, prompts, 1, args.temperature)
+    seconds, kernels = _profiled(llm, prompts, steps + 1, args.temperature)
+    decode_s = max(seconds - prefill_s, 1e-9)
+    decode_kernel_s = sum(kernels.values()) - sum(prefill_kernels.values())
+    top = sorted(kernels, key=lambda k: -(kernels[k] - prefill_kernels.get(k, 0.0)))[:12]
+    out = {"batch": batch, "decode_steps": steps, "wall_s": round(seconds, 3), "prefill_s": round(prefill_s, 3),
+           "ms_per_decode_step": round(1e3 * decode_s / steps, 3),
+           "kernel_ms_per_decode_step": round(1e3 * decode_kernel_s / steps, 3),
+           "gpu_busy_fraction": round(decode_kernel_s / decode_s, 3),
+           "top_decode_kernels_ms_per_step": {k[:80]: round(1e3 * (kernels[k] - prefill_kernels.get(k, 0.0)) / steps, 4)
+                                              for k in top}}
+    print(f"  decode profile batch {batch}: {out['ms_per_decode_step']} ms/step wall, "
+          f"{out['kernel_ms_per_decode_step']} ms/step in kernels", flush=True)
+    return out
+
+
+def _profiled(llm, prompts: torch.Tensor, new_tokens: int, temperature: float) -> tuple[float, dict[str, float]]:
+    """Wall seconds of one generate call and its GPU kernel seconds by kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        seconds, _ = _vllm_generate(llm, prompts, new_tokens, temperature)
+    return seconds, {e.key: e.self_device_time_total / 1e6 for e in prof.key_averages() if e.self_device_time_total > 0}
 
 
 def _shutdown(llm) -> None:
@@ -280,6 +319,8 @@ def goals(shapes: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.profile_steps:  # the profiler must see the engine core's CUDA work: keep it in-process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     args.batches = [int(b) for b in args.batches.split(",")]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype_name = args.dtype or ("bfloat16" if device == "cuda" else "float32")

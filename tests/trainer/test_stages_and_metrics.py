@@ -80,3 +80,13 @@ def test_validation_sampling_is_greedy_training_samples():
     train = sampling_params(rollout, 64)
     assert val.greedy and val.temperature == 0.0
     assert not train.greedy and train.top_p == 0.95 and train.stop == ["</search>", "</answer>"]
+
+
+def test_requests_seeded_only_on_request():
+    """By default the engine's RNG draws the samples (one vLLM generator call per sequence and step
+    otherwise); ``seed_per_request`` seeds each training request from ``rollout.seed``."""
+    rollout = load_default_config().actor_rollout_ref.rollout
+    assert sampling_params(rollout, 64).seed is None
+    rollout.seed_per_request, rollout.seed = True, 7
+    assert sampling_params(rollout, 64).seed == 7
+    assert sampling_params(rollout, 64, validate=True).seed is None

@@ -146,3 +146,15 @@ def test_lora_actor_reference_is_base_and_export_merges(tiny_qwen_path, configs,
         expected = worker.actor_module(input_ids=ids, attention_mask=mask, use_cache=False).logits
         got = loaded(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_full_params_in_the_rollout_dtype(actor_worker):
+    """A weight push can gather straight into the engine's dtype (bf16 on GPU) where the shards live."""
+    from verl.utils.fsdp_utils import iter_full_params
+
+    full = _full_params(actor_worker)
+    cast = dict(iter_full_params(actor_worker.actor_module, device=None, dtype=torch.bfloat16))
+    assert cast.keys() == full.keys()
+    for name, tensor in cast.items():
+        assert tensor.dtype == torch.bfloat16 and tensor.device == full[name].device, name
+        torch.testing.assert_close(tensor, full[name].to(torch.bfloat16), rtol=0, atol=0)

@@ -293,8 +293,9 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if lora.is_lora_model(self.actor_module):
             state = dict(fsdp_utils.iter_full_params(self.actor_module))
             named = lora.merged_state_dict(state, lora.lora_scaling(self.actor_module)).items()
-        else:
-            named = fsdp_utils.iter_full_params(self.actor_module)
+        else:  # full tensors stay on the accelerator, already in the engine's dtype (bf16 on GPU)
+            named = fsdp_utils.iter_full_params(self.actor_module, device=None,
+                                                dtype=self.rollout_engine.weight_dtype)
         self.rollout_engine.update_weights(named)
 
     # ------------------------------------------------------------------ log-probs

@@ -66,5 +66,5 @@ def build_rollout_engine(rollout_config: Mapping | None, model_path: str, tokeni
         dtype = getattr(torch, str(get("dtype", "float32")))
         device = get("device", "cuda" if torch.cuda.is_available() else "cpu")
         return HFRolloutEngine(tokenizer, model=model, model_path=model_path, dtype=dtype, device=device,
-                               max_batch_size=int(get("max_batch_size", 64)))
+                               max_batch_size=int(get("max_batch_size", 64)), seed=int(get("seed", 0)))
     raise ValueError(f"rollout.name must be one of {ENGINE_NAMES}, got {name!r}")

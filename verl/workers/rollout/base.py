@@ -78,7 +78,13 @@ class RolloutOutput:
 
 
 class RolloutEngine(abc.ABC):
-    """A generation engine the rollout loop drives with token ids."""
+    """A generation engine the rollout loop drives with token ids.
+
+    ``weight_dtype``: the dtype the engine computes in; a weight push sends tensors already cast to
+    it (None: any dtype, the engine converts).
+    """
+
+    weight_dtype: torch.dtype | None = None
 
     @abc.abstractmethod
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RolloutOutput]:

@@ -97,11 +97,13 @@ class HFRolloutEngine(RolloutEngine):
         model_path: folder or hub id loaded with ``AutoModelForCausalLM`` when ``model`` is None.
         dtype: torch dtype for loading (float32 on CPU).
         max_batch_size: prompts*samples decoded together at most (memory bound).
+        seed: seeds the engine's generator, which samples requests that carry no seed of their
+            own (None: torch's global RNG).
     """
 
     def __init__(self, tokenizer, model=None, model_path: str | None = None,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 max_batch_size: int = 64) -> None:
+                 max_batch_size: int = 64, seed: int | None = None) -> None:
         if model is None:
             if model_path is None:
                 raise ValueError("HFRolloutEngine needs a model or a model_path")
@@ -113,6 +115,7 @@ class HFRolloutEngine(RolloutEngine):
         self.max_batch_size = max_batch_size
         self.eos_ids = self._eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
+        self.generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
 
     @staticmethod
     def _eos_ids(model, tokenizer) -> list[int]:
@@ -130,7 +133,7 @@ class HFRolloutEngine(RolloutEngine):
             if not prompt:
                 raise ValueError(f"prompt {row} is empty")
         expanded = [p for p in prompt_token_ids for _ in range(params.n)]
-        generator = None
+        generator = self.generator
         if params.seed is not None and not params.greedy:
             generator = torch.Generator(device=self.device).manual_seed(params.seed)
         outputs: list[RolloutOutput] = []

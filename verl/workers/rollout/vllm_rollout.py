@@ -200,6 +200,11 @@ class VLLMRolloutEngine(RolloutEngine):
         return RolloutOutput(token_ids, log_probs, "eos")
 
     # ---- weights ----------------------------------------------------------------------------
+    @property
+    def weight_dtype(self) -> torch.dtype:
+        """The dtype the engine's model computes in (what a weight push should send)."""
+        return self.llm.llm_engine.model_config.dtype
+
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load a full set of Hugging Face-named tensors into the running engine (routes above).
 
