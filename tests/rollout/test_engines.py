@@ -135,3 +135,13 @@ def test_cpu_kv_cache_size_reaches_the_engine_in_bytes(monkeypatch):
         vllm_rollout.cpu_kv_cache_kwargs(-1)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")  # an explicit environment still wins, as before
     assert vllm_rollout.cpu_kv_cache_kwargs(0.5) == {}
+
+
+def test_enforce_eager_default_follows_the_device():
+    """``rollout.enforce_eager: null`` is eager on CPU (no CUDA graphs there) and graphs on a GPU."""
+    import torch
+
+    from verl.workers.rollout import _enforce_eager
+
+    assert _enforce_eager(None) is (not torch.cuda.is_available())
+    assert _enforce_eager(False) is False and _enforce_eager(True) is True

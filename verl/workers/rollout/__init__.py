@@ -30,12 +30,21 @@ def _get(config: Any, key: str, default: Any) -> Any:
     return default if value is None else value
 
 
+def _enforce_eager(value: Any) -> bool:
+    """``rollout.enforce_eager``; None picks CUDA graphs (False) on a GPU and eager mode on CPU, where
+    vLLM has no graphs and its torch.compile start-up costs minutes."""
+    if value is None:
+        import torch
+        return not torch.cuda.is_available()
+    return bool(value)
+
+
 def build_rollout_engine(rollout_config: Mapping | None, model_path: str, tokenizer, model=None,
                          **overrides: Any) -> RolloutEngine:
     """Build the engine named by ``rollout_config.name`` (``"vllm"`` | ``"hf"``; default: vllm if installed).
 
     Keys read (all optional): ``name``, ``dtype`` (default float32), ``max_model_len`` (2048),
-    ``tensor_model_parallel_size`` (1; ``tensor_parallel_size`` also read), ``gpu_memory_utilization`` (0.5), ``enforce_eager`` (True),
+    ``tensor_model_parallel_size`` (1; ``tensor_parallel_size`` also read), ``gpu_memory_utilization`` (0.5), ``enforce_eager`` (None: eager on CPU only),
     ``executor_backend`` (vLLM executor, see vllm_rollout.py), ``kv_cache_space_gib`` (CPU KV cache,
     GiB), ``seed`` (0), ``max_batch_size`` (hf: rows decoded together, 64), ``device`` (hf: cuda when
     available, else cpu; ignored when ``model`` is given). ``overrides`` win over
@@ -58,7 +67,7 @@ def build_rollout_engine(rollout_config: Mapping | None, model_path: str, tokeni
             model_path, dtype=str(get("dtype", "float32")), max_model_len=int(get("max_model_len", 2048)),
             tensor_parallel_size=int(get("tensor_model_parallel_size", get("tensor_parallel_size", 1))),
             gpu_memory_utilization=float(get("gpu_memory_utilization", 0.5)),
-            enforce_eager=bool(get("enforce_eager", True)), executor_backend=get("executor_backend", None),
+            enforce_eager=_enforce_eager(get("enforce_eager", None)), executor_backend=get("executor_backend", None),
             kv_cache_space_gib=get("kv_cache_space_gib", None), seed=int(get("seed", 0)))
     if name == "hf":
         import torch
