@@ -61,7 +61,8 @@ def write_inputs(rows: list[dict], work: Path) -> tuple[Path, Path]:
     return data_dir, trl_path
 
 
-def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool, grad_ckpt: bool = False) -> list[str]:
+def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool, grad_ckpt: bool = False,
+                 extra: tuple[str, ...] = ()) -> list[str]:
     overrides = [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
         "actor_rollout_ref.actor.use_kl_loss=true", "actor_rollout_ref.actor.kl_loss_coef=0.001",
@@ -89,7 +90,7 @@ def ours_command(data_dir: Path, ckpt_dir: Path, steps: int, search: bool, grad_
     cmd = [sys.executable, str(REPO / "scripts" / "quickstart.py"), "--data-dir", str(data_dir)]
     if not search:
         cmd.append("--no-retriever")
-    return [*cmd, f"actor_rollout_ref.model.path={smollm2_dir()}", *overrides]
+    return [*cmd, f"actor_rollout_ref.model.path={smollm2_dir()}", *overrides, *extra]
 
 
 def ours_steps(ckpt_dir: Path) -> list[dict]:
@@ -118,9 +119,10 @@ def summarise(name: str, steps: list[dict], run: dict) -> dict:
             "process_wall_s": round(run["wall_s"], 1), "per_step": steps}
 
 
-def run_ours(work: Path, data_dir: Path, steps: int, search: bool, tag: str, grad_ckpt: bool = False) -> dict:
+def run_ours(work: Path, data_dir: Path, steps: int, search: bool, tag: str, grad_ckpt: bool = False,
+             extra: tuple[str, ...] = ()) -> dict:
     ckpt = work / f"ours_{tag}"
-    run = run_measured(ours_command(data_dir, ckpt, steps, search, grad_ckpt))
+    run = run_measured(ours_command(data_dir, ckpt, steps, search, grad_ckpt, extra))
     if run["returncode"] != 0:
         raise RuntimeError(f"our trainer failed ({tag}), exit {run['returncode']}")
     return summarise(f"ours_{tag}", ours_steps(ckpt), run)
@@ -147,23 +149,29 @@ def main() -> None:
     ap.add_argument("--gradient_checkpointing", action="store_true",
                     help="ours with activation checkpointing, as TRL's GRPOConfig does by default (less "
                          "memory, slower update); off by default")
+    ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
+                    help="extra Hydra override for our runs (repeatable), e.g. "
+                         "actor_rollout_ref.actor.update_mmap_threshold_mib=null")
     args = ap.parse_args()
+    extra = tuple(args.override)
     work = Path(tempfile.mkdtemp(prefix="vs_trl_"))
     data_dir, trl_questions = write_inputs(pick_questions(64), work)
     if args.ours_only:
         save_report("vs_trl_ours", {"ours": run_ours(work, data_dir, args.steps, search=False, tag="only",
-                                                     grad_ckpt=args.gradient_checkpointing)})
+                                                     grad_ckpt=args.gradient_checkpointing, extra=extra),
+                                    "overrides": list(extra)})
         return
     ours, trl = [], []
     for r in range(args.rounds):
-        ours.append(run_ours(work, data_dir, args.steps, search=False, tag=f"r{r}", grad_ckpt=args.gradient_checkpointing))
+        ours.append(run_ours(work, data_dir, args.steps, search=False, tag=f"r{r}",
+                             grad_ckpt=args.gradient_checkpointing, extra=extra))
         trl.append(run_trl(work, trl_questions, args.steps, tag=f"r{r}"))
     best = lambda runs: min(runs, key=lambda x: x["median"]["step_s"])  # noqa: E731
     a, b = best(ours), best(trl)
     report = {
         "config": "SmolLM2-135M-Instruct fp32, 8 prompts x 4 gens, <=128 new tokens, T=1.0, lr 1e-6, "
                   "KL 0.001 (k3, ref model), 4 micro-batches of 8, EM + 0.1 format bonus, single turn",
-        "ours": ours, "trl": trl,
+        "ours": ours, "trl": trl, "overrides": list(extra),
         "ratio_step_throughput_ours_over_trl": b["median"]["step_s"] / a["median"]["step_s"],
         "ratio_peak_rss_ours_over_trl": a["peak_rss_gib"] / b["peak_rss_gib"],
         "ratio_peak_pss_ours_over_trl": a["peak_pss_gib"] / b["peak_pss_gib"],
@@ -171,7 +179,7 @@ def main() -> None:
     save_report("vs_trl", report)  # the A/B result is safe before the optional search-on table
     if not args.skip_search:
         try:
-            report["ours_with_search"] = run_ours(work, data_dir, args.steps, search=True, tag="search")
+            report["ours_with_search"] = run_ours(work, data_dir, args.steps, search=True, tag="search", extra=extra)
         except RuntimeError as err:  # e.g. killed for memory: keep the A/B figures, say what failed
             report["ours_with_search"] = {"error": str(err)}
         save_report("vs_trl", report)

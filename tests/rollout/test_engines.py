@@ -85,11 +85,21 @@ def test_hf_update_weights_rejects_unknown_name(tokenizer, smollm2_path):
 
 
 def test_release_and_resume_memory_keep_the_engine_usable(vllm_engine, prompts):
+    """On CPU the KV cache's storage is freed (size 0) and re-allocated; on GPU sleep(level=1)."""
+    import torch
+
     params = SamplingParams(temperature=0, max_tokens=8)
-    before = vllm_engine.generate(prompts[:1], params)[0].token_ids
-    vllm_engine.release_memory()  # a logged no-op on CPU, sleep(level=1) on GPU
+    before = vllm_engine.generate(prompts, params)
+    storages = vllm_engine._kv_storages()
+    sizes = [s.nbytes() for s in storages]
+    vllm_engine.release_memory()
+    vllm_engine.release_memory()  # idempotent
+    if not torch.cuda.is_available():
+        assert storages and sum(sizes) > 2**29 and all(s.nbytes() == 0 for s in storages)
     vllm_engine.resume_memory()
-    assert vllm_engine.generate(prompts[:1], params)[0].token_ids == before
+    assert [s.nbytes() for s in vllm_engine._kv_storages()] == sizes
+    after = vllm_engine.generate(prompts, params)
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]
 
 
 def test_seeded_requests_get_distinct_seeds():

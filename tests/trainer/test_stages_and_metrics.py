@@ -82,11 +82,12 @@ def test_validation_sampling_is_greedy_training_samples():
     assert not train.greedy and train.top_p == 0.95 and train.stop == ["</search>", "</answer>"]
 
 
-def test_requests_seeded_only_on_request():
-    """By default the engine's RNG draws the samples (one vLLM generator call per sequence and step
-    otherwise); ``seed_per_request`` seeds each training request from ``rollout.seed``."""
+def test_training_requests_seeded_unless_turned_off():
+    """Training requests carry ``rollout.seed`` (per-request seeds: resume-exact samples) unless
+    ``seed_per_request: false`` leaves sampling to the engine's RNG; validation is greedy, unseeded."""
     rollout = load_default_config().actor_rollout_ref.rollout
-    assert sampling_params(rollout, 64).seed is None
-    rollout.seed_per_request, rollout.seed = True, 7
+    rollout.seed = 7
     assert sampling_params(rollout, 64).seed == 7
     assert sampling_params(rollout, 64, validate=True).seed is None
+    rollout.seed_per_request = False
+    assert sampling_params(rollout, 64).seed is None

@@ -78,9 +78,11 @@ def sampling_params(rollout_cfg: DictConfig, max_tokens: int, validate: bool = F
     ``do_sample: false`` it is truly greedy (temperature 0), which Search-R1 meant but did not do.
     ``rollout.do_sample: false`` makes training greedy as well.
 
-    Requests carry a seed only with ``rollout.seed_per_request: true`` (samples then do not depend on
-    how requests are batched); otherwise the engine's own RNG, seeded once with ``rollout.seed``,
-    draws them. Per-request seeds cost vLLM one generator call per sequence and decode step.
+    With ``rollout.seed_per_request`` (default true) training requests carry ``rollout.seed``, which
+    vLLM turns into one seed per request (samples do not depend on how requests are batched) and the
+    hf engine into the seed of each generate call. ``false`` leaves sampling to the engine's own RNG
+    (seeded once with ``rollout.seed``), which spares vLLM a generator call per sequence and decode
+    step but makes samples depend on the run's history.
     """
     source = rollout_cfg.val_kwargs if validate else rollout_cfg
     greedy = not source.do_sample
@@ -89,5 +91,5 @@ def sampling_params(rollout_cfg: DictConfig, max_tokens: int, validate: bool = F
         top_p=1.0 if greedy else float(source.top_p),
         top_k=-1 if greedy else int(source.top_k),
         max_tokens=int(max_tokens), stop=list(STOP_STRINGS), n=1,
-        seed=rollout_cfg.get("seed") if rollout_cfg.get("seed_per_request", False) and not validate else None,
+        seed=rollout_cfg.get("seed") if rollout_cfg.get("seed_per_request", True) and not validate else None,
         logprobs=True)

