@@ -77,6 +77,18 @@ def test_weight_push_matches_transformers(vllm_engine, tokenizer, smollm2_path, 
     assert [o.token_ids for o in vllm_engine.generate(prompts, params)] == before
 
 
+def test_hf_engine_seed_drives_unseeded_requests(hf_engine, tokenizer, smollm2_path, prompts):
+    """Requests without a seed sample from the engine's own generator: the same engine seed repeats
+    the same samples, and successive calls continue the stream instead of restarting it."""
+    from verl.workers.rollout.hf_rollout import HFRolloutEngine
+
+    params = SamplingParams(temperature=1.0, max_tokens=6)
+    first, second = (HFRolloutEngine(tokenizer, model=hf_engine.model, seed=11) for _ in range(2))
+    a = [o.token_ids for o in first.generate(prompts, params)]
+    assert a == [o.token_ids for o in second.generate(prompts, params)]
+    assert a != [o.token_ids for o in first.generate(prompts, params)]
+
+
 def test_hf_update_weights_rejects_unknown_name(tokenizer, smollm2_path):
     from verl.workers.rollout.hf_rollout import HFRolloutEngine
     engine = HFRolloutEngine(tokenizer, model_path=smollm2_path)

@@ -83,7 +83,7 @@ def test_validation_sampling_is_greedy_training_samples():
 
 
 def test_training_requests_seeded_unless_turned_off():
-    """Training requests carry ``rollout.seed`` (per-request seeds: resume-exact samples) unless
+    """Training requests carry ``rollout.seed`` (vLLM derives one seed per request from it) unless
     ``seed_per_request: false`` leaves sampling to the engine's RNG; validation is greedy, unseeded."""
     rollout = load_default_config().actor_rollout_ref.rollout
     rollout.seed = 7

@@ -234,8 +234,12 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         raise RuntimeError(f"no weight push route worked for executor {self.backend}") from error
 
+    def _model_runner(self):
+        """The in-process executor's model runner (holds the model and the KV cache views)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+
     def _model(self):
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        return self._model_runner().model
 
     def _push_direct_load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
         self._model().load_weights(iter(tensors.items()))
@@ -289,8 +293,7 @@ class VLLMRolloutEngine(RolloutEngine):
         (none for an engine in another process)."""
         if not self.in_process:
             return []
-        runner = self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
         storages: dict[int, torch.UntypedStorage] = {}
-        for cache in getattr(runner, "kv_caches", []):
+        for cache in getattr(self._model_runner(), "kv_caches", []):
             storages.setdefault(cache.untyped_storage().data_ptr(), cache.untyped_storage())
         return list(storages.values())
