@@ -69,6 +69,8 @@ def test_gpu_generation_goals_use_the_median_of_repeated_runs():
     assert entry["vllm_decode_fraction_of_bound_at_256"] == 0.29
     assert entry["vllm_over_generate_at_256"] == 4.0 and entry["goal_3x_met"]
     assert goals({"s": {"vllm": {"runs": [run(30.0, 0.20, 0.24)]}}})["s"]["goal_25pct_bound_met_decode_only"] is False
+    two = goals({"s": {"vllm": {"runs": [run(50.0, 0.33, 0.35), run(30.0, 0.20, 0.22)]}}})["s"]
+    assert two["vllm_fraction_of_bound_at_256"] == 0.20  # an even count takes the lower middle run
     assert host_probe_ms(1000) > 0
 
 
