@@ -2,17 +2,24 @@
 
 Search-R1's rollout posted every turn's queries in one request with no timeout and no retry, so one
 slow or restarting retriever stalled or killed a training run. Here the queries of a turn are split
-into requests of at most ``batch_size``, sent with at most ``max_concurrency`` in flight, each with a
-timeout; connection errors, timeouts and 5xx answers are retried with exponential backoff
-(``backoff * 2**attempt`` seconds), 4xx answers are not (the request itself is wrong). Passages are
+into requests of at most ``batch_size``, sent so that at most ``max_concurrency`` queries are in
+flight (``max_concurrency // batch_size`` requests, at least one), each with a timeout; connection
+errors, timeouts and 5xx answers are retried with exponential backoff (``backoff * 2**attempt``
+seconds), 4xx answers are not (the request itself is wrong). Passages are
 rendered by ``search_r1.prompts`` (``format_passages``/``format_observation``), re-exported here.
+
+The async rollout sends one query per request, one request per searching trajectory: ``session()``
+gives it one shared connection pool for all of them, and the rollout keeps at most
+``max_concurrency`` of them in flight, the same cap on queries in flight as the sync loop's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import threading
-from typing import Sequence
+from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 import httpx
 
@@ -34,13 +41,15 @@ class RetrieverClient:
         timeout: seconds per HTTP request (connect + read).
         max_retries: retries after the first attempt (so ``max_retries + 1`` attempts at most).
         batch_size: most queries per request.
-        max_concurrency: requests in flight at once.
+        max_concurrency: queries in flight at once (slime's ``search_concurrency``): a call's
+            requests go ``max(1, max_concurrency // batch_size)`` at a time; the async rollout
+            keeps this many single-query searches in flight across its trajectories.
         backoff: first retry delay in seconds; doubles each retry.
         return_scores: ask the server for scores.
     """
 
     def __init__(self, url: str, topk: int = 3, timeout: float = 30.0, max_retries: int = 3,
-                 batch_size: int = 64, max_concurrency: int = 4, backoff: float = 0.5,
+                 batch_size: int = 64, max_concurrency: int = 256, backoff: float = 0.5,
                  return_scores: bool = True):
         if topk < 1 or batch_size < 1 or max_concurrency < 1 or max_retries < 0:
             raise ValueError(f"need topk, batch_size, max_concurrency >= 1 and max_retries >= 0; got "
@@ -51,9 +60,13 @@ class RetrieverClient:
         self.batch_size, self.max_concurrency, self.backoff = batch_size, max_concurrency, backoff
         self.return_scores = return_scores
 
-    async def aretrieve(self, queries: Sequence[str]) -> list[list[dict]]:
+    async def aretrieve(self, queries: Sequence[str], http: httpx.AsyncClient | None = None) -> list[list[dict]]:
         """Top-``topk`` results for each query, in query order.
 
+        Args:
+            queries: the search strings.
+            http: a connection pool to send through (from :meth:`session`); None opens one for
+                this call.
         Returns:
             one list per query of ``{"document": {"id", "contents"}, "score"?}``.
         Raises:
@@ -63,14 +76,30 @@ class RetrieverClient:
         if not queries:
             return []
         batches = [queries[i:i + self.batch_size] for i in range(0, len(queries), self.batch_size)]
-        limit = asyncio.Semaphore(self.max_concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout) as client:
+        limit = asyncio.Semaphore(self.max_requests_in_flight)
+        async with contextlib.AsyncExitStack() as stack:
+            client = http or await stack.enter_async_context(httpx.AsyncClient(timeout=self.timeout))
+
             async def bounded(batch: list[str]) -> list[list[dict]]:
                 async with limit:
                     return await self._post_with_retries(client, batch)
 
             parts = await asyncio.gather(*(bounded(b) for b in batches))
         return [hits for part in parts for hits in part]
+
+    @property
+    def max_requests_in_flight(self) -> int:
+        """Requests of one :meth:`aretrieve` call sent at once."""
+        return max(1, self.max_concurrency // self.batch_size)
+
+    @contextlib.asynccontextmanager
+    async def session(self) -> AsyncIterator[Callable[[Sequence[str]], Awaitable[list[list[dict]]]]]:
+        """``async with client.session() as search: await search(queries)``: :meth:`aretrieve`
+        over one connection pool shared by every call inside the block (kept-alive connections
+        instead of one new connection per search)."""
+        limits = httpx.Limits(max_connections=self.max_concurrency, max_keepalive_connections=self.max_concurrency)
+        async with httpx.AsyncClient(timeout=self.timeout, limits=limits) as http:
+            yield functools.partial(self.aretrieve, http=http)
 
     def retrieve(self, queries: Sequence[str]) -> list[list[dict]]:
         """Blocking ``aretrieve``; safe to call from inside a running event loop (it then runs the
