@@ -1,15 +1,26 @@
 """The multi-turn search loop (Search-R1's ``LLMGenerationManager``), token in, token out.
 
-Each turn sends the active rows' contexts (prompt + response so far, as token ids) to the engine
-with stop strings ``</search>`` and ``</answer>``, parses the first complete action of each row's
-new text, runs one batched retriever call for all searching rows and appends the tokenised
-observation. The trajectory is the exact concatenation of engine token ids and observation token
-ids: generated text is decoded only to parse actions, never re-encoded.
+Two modes run the same per-turn rules (``GenerationConfig.mode``):
+
+* ``sync`` (Search-R1's, the reference): each turn sends the active rows' contexts (prompt +
+  response so far, as token ids) to the engine with stop strings ``</search>`` and ``</answer>``,
+  parses the first complete action of each row's new text, runs one batched retriever call for all
+  searching rows and appends the tokenised observation; the next turn waits for the slowest row.
+* ``async``: every row is its own task that generates, searches and continues on its own
+  (``async_rollout.py``), so a row that stopped at ``</search>`` searches while others decode.
+
+The trajectory is the exact concatenation of engine token ids and observation token ids: generated
+text is decoded only to parse actions, never re-encoded. A turn ends exactly at its stop string
+(``stop_rule.py``: a sampled token that carries text past it is replaced by the rest of the stop
+string as environment tokens).
 
 Row lifecycle: an ``<answer>`` ends the row (``finished``); an EOS ends it; a ``length`` finish or a
 context/response budget overflow ends it (``truncated``); an invalid action gets Search-R1's
 corrective message and the row continues. After ``max_turns`` search rounds one last generation is
-made without search (a search there ends the row unanswered).
+made without search (a search there ends the row unanswered). A prompt that itself opens
+``<search>``/``<answer>`` (a forced assistant prefix) has its first turn parsed as the
+continuation of that tag; the tag is returned per row (``action_prefix``) so the reward scores the
+same action the loop parsed.
 
 Answered rows stop on ``</answer>``, before the model's own EOS. With ``close_with_eos`` one extra
 1-token generation per answered row (one engine call for all) samples the next token; when it is
@@ -19,18 +30,22 @@ the EOS it is appended (mask 1, real log-prob), so the final EOS is trained on.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Coroutine
 
 import torch
 
 from search_r1.llm_agent.observation import ObservationEncoder
 from search_r1.llm_agent.parsing import STOP_STRINGS, Action, parse_action
+from search_r1.llm_agent.stop_rule import split_at_stop
 from search_r1.llm_agent.tensor_helper import pad_rows, position_ids_from_mask
 from search_r1.llm_agent.trajectory import Trajectory
 from verl.protocol import DataProto
 from verl.workers.rollout.base import RolloutOutput, SamplingParams
+
+MODES = ("sync", "async")
 
 
 @dataclass
@@ -47,6 +62,9 @@ class GenerationConfig:
         do_search: False gives the "R1 without search" baseline (searches get an empty
             ``<information></information>`` block, as in Search-R1).
         close_with_eos: sample one token after ``</answer>`` and keep it if it is the EOS.
+        mode: ``"sync"`` (turn by turn over the batch) or ``"async"`` (a task per row).
+    Raises:
+        ValueError: an unknown ``mode``.
     """
 
     max_turns: int = 4
@@ -56,6 +74,16 @@ class GenerationConfig:
     max_obs_length: int = 512
     do_search: bool = True
     close_with_eos: bool = True
+    mode: str = "sync"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"rollout mode must be one of {MODES}, got {self.mode!r}")
+
+    @property
+    def seeds_per_row(self) -> int:
+        """Requests one row can make: ``max_turns + 1`` turns and the EOS-closing one."""
+        return self.max_turns + 2
 
 
 class LLMGenerationManager:
@@ -63,7 +91,8 @@ class LLMGenerationManager:
 
     Args:
         tokenizer: the policy's tokenizer (decodes new text for parsing, encodes observations).
-        engine: a ``RolloutEngine`` or an adapter with the same ``generate``.
+        engine: a ``RolloutEngine``; in ``async`` mode also an engine with ``agenerate`` or one
+            whose rows live in other processes (``run_agent_loop``, the trainer's worker group).
         config: ``GenerationConfig``.
         retriever: an object with ``async aretrieve(queries)`` or ``retrieve(queries)`` returning
             one list of ``{"document": {"contents"}}`` per query (``search_r1.search.client``).
@@ -78,6 +107,7 @@ class LLMGenerationManager:
         self.observations = ObservationEncoder(tokenizer, config.max_obs_length)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.timing: dict[str, float] = {}
+        self._rows_seeded = 0  # async mode: rows given seeds so far (each row gets seeds of its own)
 
     # ---- the loop ---------------------------------------------------------------------------
     def run_llm_loop(self, batch: DataProto, params: SamplingParams) -> DataProto:
@@ -91,15 +121,35 @@ class LLMGenerationManager:
         Returns:
             DataProto with ``prompts (B, P)``, ``responses``/``response_mask``/``rollout_log_probs``
             ``(B, R=max_response_length)``, ``input_ids``/``attention_mask``/``position_ids``
-            ``(B, P + R)`` and int64 ``(B,)`` stats ``turns, valid_search, valid_action, finished,
-            truncated``; ``meta_info["timing"]`` has generation/retrieval/bookkeeping seconds.
+            ``(B, P + R)``, int64 ``(B,)`` stats ``turns, valid_search, valid_action, finished,
+            truncated, obs_truncated`` and the non-tensor ``action_prefix`` (the tag the prompt
+            opened, or ""); ``meta_info["timing"]`` has seconds (sync: generation / retrieval /
+            bookkeeping; async: also the busy fractions and mean in-flight counts).
         """
         if params.n != 1:
             raise ValueError(f"run_llm_loop samples once per row; got n={params.n}. Repeat the batch instead.")
-        self.timing = {"generation_s": 0.0, "retrieval_s": 0.0, "bookkeeping_s": 0.0}
-        start = time.perf_counter()
-        rows = [Trajectory(prompt, open_tag=self._open_tag(prompt)) for prompt in self._prompts(batch)]
         params = replace(params, stop=list(STOP_STRINGS), logprobs=True)
+        prompts = self._prompts(batch)
+        width = max([self._prompt_width(batch)] + [len(p) for p in prompts])
+        if self.config.mode == "async" and hasattr(self.engine, "run_agent_loop"):
+            return self._run_remote(batch, prompts, width, params)
+        start = time.perf_counter()
+        rows = [Trajectory(prompt, open_tag=self._open_tag(prompt)) for prompt in prompts]
+        if self.config.mode == "async":
+            timing = self._run_async(rows, params, self._row_seeds(batch, params, len(rows)))
+        else:
+            timing = self._run_sync(rows, params)
+        output = self._to_dataproto(rows, width)
+        total = time.perf_counter() - start
+        busy = timing.get("rollout_s", timing["generation_s"] + timing["retrieval_s"])
+        timing.update(total_s=total, bookkeeping_s=max(0.0, total - busy))
+        self.timing = timing
+        output.meta_info["timing"] = dict(timing)
+        return output
+
+    def _run_sync(self, rows: list[Trajectory], params: SamplingParams) -> dict[str, float]:
+        """Search-R1's turn loop over all active rows at once."""
+        self.timing = {"generation_s": 0.0, "retrieval_s": 0.0}
         for turn in range(self.config.max_turns + 1):
             active = [row for row in rows if row.active]
             if not active:
@@ -108,9 +158,28 @@ class LLMGenerationManager:
             self._step(active, outputs, final=turn == self.config.max_turns)
         if self.config.close_with_eos:
             self._close_answers(rows, params)
-        output = self._to_dataproto(rows, batch)
-        self.timing["bookkeeping_s"] = time.perf_counter() - start - self.timing["generation_s"] - self.timing["retrieval_s"]
-        output.meta_info["timing"] = dict(self.timing)
+        return self.timing
+
+    def _run_async(self, rows: list[Trajectory], params: SamplingParams, seeds: list[int] | None) -> dict[str, float]:
+        """One task per row on this process's engine (``async_rollout.AsyncRollout``)."""
+        from search_r1.llm_agent.async_rollout import AsyncRollout
+        from verl.workers.rollout.async_engine import async_engine
+
+        rollout = AsyncRollout(self, async_engine(self.engine), self.retriever)
+        return run_coroutine(rollout.run(rows, params, seeds))
+
+    def _run_remote(self, batch: DataProto, prompts: list[list[int]], width: int,
+                    params: SamplingParams) -> DataProto:
+        """Async mode with the engine in other processes: the row tasks run there, beside it."""
+        from search_r1.llm_agent.async_rollout import AgentLoop
+
+        non_tensors = {"raw_prompt_ids": [list(p) for p in prompts]}
+        seeds = self._row_seeds(batch, params, len(prompts))
+        if seeds is not None:
+            non_tensors["rollout_seed"] = seeds
+        remote = DataProto.from_dict(non_tensors=non_tensors, meta_info={"prompt_width": width})
+        output = self.engine.run_agent_loop(remote, AgentLoop(self.config, self.retriever, params))
+        self.timing = dict(output.meta_info.get("timing", {}))
         return output
 
     def _prompts(self, batch: DataProto) -> list[list[int]]:
@@ -125,14 +194,34 @@ class LLMGenerationManager:
                                  f"{self.config.max_start_length}")
         return prompts
 
+    @staticmethod
+    def _prompt_width(batch: DataProto) -> int:
+        """Width P of the output prompts: the batch's own (or the width the controller sent)."""
+        if batch.batch is not None and "input_ids" in batch.batch.keys():
+            return int(batch.batch["input_ids"].shape[1])
+        return int(batch.meta_info.get("prompt_width", 0))
+
+    def _row_seeds(self, batch: DataProto, params: SamplingParams, num_rows: int) -> list[int] | None:
+        """Async mode: the first request seed of each row (``seed_per_row`` consecutive seeds each),
+        from the batch's ``rollout_seed`` column when the controller assigned them."""
+        if "rollout_seed" in batch.non_tensor_batch:
+            return [int(s) for s in batch.non_tensor_batch["rollout_seed"]]
+        if params.seed is None:
+            return None
+        stride = self.config.seeds_per_row
+        seeds = [params.seed + (self._rows_seeded + i) * stride for i in range(num_rows)]
+        self._rows_seeded += num_rows
+        return seeds
+
     def _open_tag(self, prompt: list[int]) -> str:
         """``<search>``/``<answer>`` when the prompt itself opens the action (a forced assistant
         prefix); the first turn's new text is parsed as its continuation."""
         tail = self.tokenizer.decode(prompt[-4:], skip_special_tokens=False)
         return next((tag for tag in ("<search>", "<answer>") if tail.endswith(tag)), "")
 
+    # ---- sync mode ----------------------------------------------------------------------------
     def _generate(self, rows: list[Trajectory], params: SamplingParams) -> list[RolloutOutput]:
-        budget = [self.config.max_response_length - len(row.response) for row in rows]
+        budget = [self.turn_budget(row) for row in rows]
         turn_params = replace(params, max_tokens=min(params.max_tokens, max(budget)))
         tic = time.perf_counter()
         outputs = self.engine.generate([row.context for row in rows], turn_params)
@@ -147,7 +236,7 @@ class LLMGenerationManager:
     def _step(self, rows: list[Trajectory], outputs: list[RolloutOutput], final: bool) -> None:
         searches: list[tuple[Trajectory, str]] = []
         for row, out in zip(rows, outputs):
-            action = self._apply_generation(row, out, final)
+            action = self.apply_generation(row, out, final)
             if action is not None and action.kind == "search" and row.active:
                 searches.append((row, action.content))
         if not searches:
@@ -157,37 +246,7 @@ class LLMGenerationManager:
         else:
             results = [[] for _ in searches]
         for (row, _), docs in zip(searches, results):
-            ids, cut = self.observations.search(docs)
-            row.obs_truncated += int(cut)
-            self._observe(row, ids)
-
-    def _apply_generation(self, row: Trajectory, out: RolloutOutput, final: bool) -> Action | None:
-        """Append the turn's tokens, end the row when needed; returns the parsed action (stop only)."""
-        row.turns += 1
-        row.add_generated(out.token_ids, out.log_probs)
-        if out.finish_reason != "stop":
-            row.end(truncated=out.finish_reason == "length")
-            return None
-        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=False)
-        action = parse_action((row.open_tag if row.turns == 1 else "") + text)
-        row.valid_action += int(action.valid)
-        row.valid_search += int(action.kind == "search")
-        if action.kind == "answer":
-            row.end(finished=True)
-        elif final:
-            row.end()
-        elif action.kind is None:
-            self._observe(row, self.observations.invalid_ids)
-        return action
-
-    def _observe(self, row: Trajectory, ids: list[int]) -> None:
-        """Append an observation, or end the row (truncated) when it would overflow a budget."""
-        too_long_context = len(row.context) + len(ids) > self.config.max_prompt_length
-        too_long_response = len(row.response) + len(ids) >= self.config.max_response_length
-        if too_long_context or too_long_response:
-            row.end(truncated=True)
-        else:
-            row.add_observation(ids)
+            self.observe_search(row, docs)
 
     def _retrieve(self, queries: list[str]) -> list[list[dict]]:
         tic = time.perf_counter()
@@ -201,21 +260,81 @@ class LLMGenerationManager:
         return results
 
     def _close_answers(self, rows: list[Trajectory], params: SamplingParams) -> None:
-        eos = self.tokenizer.eos_token_id
-        answered = [row for row in rows if row.finished and row.response_mask and row.response[-1] != eos
-                    and len(row.response) < self.config.max_response_length]
-        if not answered or eos is None:
+        answered = [row for row in rows if self.wants_eos(row)]
+        if not answered:
             return
-        outputs = self._generate(answered, replace(params, max_tokens=1, stop=[]))
+        outputs = self._generate(answered, self.eos_params(params))
         for row, out in zip(answered, outputs):
-            if out.token_ids[:1] == [eos]:
-                row.add_generated(out.token_ids[:1], out.log_probs[:1])
+            self.accept_eos(row, out)
+
+    # ---- the per-turn rules both modes share ----------------------------------------------------
+    def turn_budget(self, row: Trajectory) -> int:
+        """Tokens the row may still generate (its response budget)."""
+        return self.config.max_response_length - len(row.response)
+
+    def apply_generation(self, row: Trajectory, out: RolloutOutput, final: bool) -> Action | None:
+        """Append the turn's tokens, end the row when needed; returns the parsed action (stop only).
+
+        An invalid action gets the corrective message here; a search's observation is appended
+        by the caller (:meth:`observe_search`) once the retriever answered.
+        """
+        row.turns += 1
+        if out.finish_reason != "stop":
+            row.add_generated(out.token_ids, out.log_probs)
+            row.end(truncated=out.finish_reason == "length")
+            return None
+        keep, tail = split_at_stop(self.tokenizer, out.token_ids, STOP_STRINGS)
+        row.add_generated(out.token_ids[:keep], out.log_probs[:keep])
+        if tail:  # the rest of the stop string, in place of a token that ran past it (stop_rule.py)
+            if (len(row.context) + len(tail) > self.config.max_prompt_length
+                    or len(row.response) + len(tail) > self.config.max_response_length):
+                row.end(truncated=True)
+                return None
+            row.add_observation(tail)
+        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=False)
+        action = parse_action((row.open_tag if row.turns == 1 else "") + text)
+        row.valid_action += int(action.valid)
+        row.valid_search += int(action.kind == "search")
+        if action.kind == "answer":
+            row.end(finished=True)
+        elif final:
+            row.end()
+        elif action.kind is None:
+            self._observe(row, self.observations.invalid_ids)
+        return action
+
+    def observe_search(self, row: Trajectory, docs: list[dict]) -> None:
+        """Append the tokenised passages of a search (cut to ``max_obs_length``)."""
+        ids, cut = self.observations.search(docs)
+        row.obs_truncated += int(cut)
+        self._observe(row, ids)
+
+    def _observe(self, row: Trajectory, ids: list[int]) -> None:
+        """Append an observation, or end the row (truncated) when it would overflow a budget."""
+        too_long_context = len(row.context) + len(ids) > self.config.max_prompt_length
+        too_long_response = len(row.response) + len(ids) >= self.config.max_response_length
+        if too_long_context or too_long_response:
+            row.end(truncated=True)
+        else:
+            row.add_observation(ids)
+
+    def wants_eos(self, row: Trajectory) -> bool:
+        """Whether ``close_with_eos`` samples one more token for this row (answered, no EOS yet, room)."""
+        eos = self.tokenizer.eos_token_id
+        return (self.config.close_with_eos and eos is not None and row.finished and bool(row.response_mask)
+                and row.response[-1] != eos and len(row.response) < self.config.max_response_length)
+
+    @staticmethod
+    def eos_params(params: SamplingParams) -> SamplingParams:
+        return replace(params, max_tokens=1, stop=[])
+
+    def accept_eos(self, row: Trajectory, out: RolloutOutput) -> None:
+        """Keep the closing token when it is the EOS (mask 1, its real log-prob)."""
+        if out.token_ids[:1] == [self.tokenizer.eos_token_id]:
+            row.add_generated(out.token_ids[:1], out.log_probs[:1])
 
     # ---- output -----------------------------------------------------------------------------
-    def _to_dataproto(self, rows: list[Trajectory], batch: DataProto) -> DataProto:
-        width = batch.batch["input_ids"].shape[1] if batch.batch is not None and "input_ids" in batch.batch.keys() \
-            else max(len(row.prompt) for row in rows)
-        width = max(width, max(len(row.prompt) for row in rows))
+    def _to_dataproto(self, rows: list[Trajectory], width: int) -> DataProto:
         resp_len = self.config.max_response_length
         prompts = pad_rows([r.prompt for r in rows], width, self.pad_id, torch.long, left=True)
         prompt_mask = pad_rows([[1] * len(r.prompt) for r in rows], width, 0, torch.long, left=True)
@@ -231,9 +350,10 @@ class LLMGenerationManager:
             "response_mask": pad_rows([r.response_mask for r in rows], resp_len, 0, torch.long, left=False),
             "rollout_log_probs": pad_rows([r.log_probs for r in rows], resp_len, 0.0, torch.float32, left=False),
         }
-        for stat in ("turns", "valid_search", "valid_action", "finished", "truncated"):
+        for stat in ("turns", "valid_search", "valid_action", "finished", "truncated", "obs_truncated"):
             tensors[stat] = torch.tensor([int(getattr(r, stat)) for r in rows], dtype=torch.long)
-        return DataProto.from_dict(tensors=tensors, meta_info={"obs_truncated": sum(r.obs_truncated for r in rows)})
+        return DataProto.from_dict(tensors=tensors, non_tensors={"action_prefix": [r.open_tag for r in rows]},
+                                   meta_info={"obs_truncated": sum(r.obs_truncated for r in rows)})
 
 
 def _in_event_loop() -> bool:
@@ -242,3 +362,24 @@ def _in_event_loop() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+def run_coroutine(coro: Coroutine) -> Any:
+    """``asyncio.run(coro)``, or the same in a private thread when the caller is inside an event
+    loop already (a notebook, an async server)."""
+    if not _in_event_loop():
+        return asyncio.run(coro)
+    box: dict = {}
+
+    def run() -> None:
+        try:
+            box["result"] = asyncio.run(coro)
+        except BaseException as err:  # re-raised in the caller's thread
+            box["error"] = err
+
+    thread = threading.Thread(target=run, name="async-rollout", daemon=True)
+    thread.start()
+    thread.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]

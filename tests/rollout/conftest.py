@@ -1,4 +1,8 @@
-"""Shared fixtures: SmolLM2 (pad == eos), a real BM25 retriever server, and the two engines."""
+"""Shared fixtures: SmolLM2 (pad == eos), a real BM25 retriever server, the two engines, the modes.
+
+Tests that take ``mode`` run once per rollout mode; the async runs carry ``async`` in their ids
+(``test_x[async]``), so ``pytest -k async`` selects them.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,24 @@ REPO = Path(__file__).resolve().parents[2]
 def smollm2_path() -> str:
     from verl.utils.model_zoo import smollm2_dir
     return smollm2_dir()
+
+
+MODES = ("sync", "async")
+
+
+@pytest.fixture(params=MODES)
+def mode(request) -> str:
+    """The rollout mode (``GenerationConfig.mode``): every test taking it runs in both."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    """The real Qwen2.5/Qwen3 BPE tokenizer (merges ``>.``, ``>\n``, ``>\n\n``)."""
+    from transformers import AutoTokenizer
+
+    from verl.utils.model_zoo import qwen_tokenizer_dir
+    return AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,7 @@
-"""Bookkeeping of the search loop: real tokenizer, real retriever server, scripted engine."""
+"""Bookkeeping of the search loop: real tokenizer, real retriever server, scripted engine.
+
+Every test taking ``mode`` checks the same contract on the sync loop and on the async rollout.
+"""
 
 from __future__ import annotations
 
@@ -27,10 +30,11 @@ def make_batch(tokenizer, questions):
     return prompts, DataProto.from_dict(tensors={"input_ids": ids, "attention_mask": mask})
 
 
-def run(tokenizer, retriever, scripts, **config):
+def run(tokenizer, retriever, scripts, mode="sync", **config):
     prompts, batch = make_batch(tokenizer, [f"q{i}" for i in range(len(scripts))])
     engine = ScriptedEngine(tokenizer, prompts, scripts)
-    cfg = GenerationConfig(**{"max_turns": 2, "max_response_length": 400, "max_obs_length": 200, **config})
+    cfg = GenerationConfig(**{"max_turns": 2, "max_response_length": 400, "max_obs_length": 200, "mode": mode,
+                              **config})
     manager = LLMGenerationManager(tokenizer, engine, cfg, retriever)
     return prompts, engine, manager.run_llm_loop(batch, PARAMS)
 
@@ -42,8 +46,8 @@ def response_text(tokenizer, out, row, masked=None):
     return tokenizer.decode(out.batch["responses"][row][keep])
 
 
-def test_answer_in_first_turn(tokenizer, retriever):
-    _, engine, out = run(tokenizer, retriever, [["<think>easy</think><answer> Paris </answer>"]])
+def test_answer_in_first_turn(tokenizer, retriever, mode):
+    _, engine, out = run(tokenizer, retriever, [["<think>easy</think><answer> Paris </answer>"]], mode)
     assert len(engine.calls) == 2  # the answer turn + the EOS-closing call
     assert out.batch["finished"].tolist() == [1] and out.batch["turns"].tolist() == [1]
     assert out.batch["response_mask"][0].sum() == out.batch["attention_mask"][0, -400:].sum()
@@ -51,10 +55,10 @@ def test_answer_in_first_turn(tokenizer, retriever):
     assert response_text(tokenizer, out, 0).endswith("</answer><|im_end|>")
 
 
-def test_search_then_answer_first_wins_and_text_after_stop_is_cut(tokenizer, retriever):
+def test_search_then_answer_first_wins_and_text_after_stop_is_cut(tokenizer, retriever, mode):
     scripts = [["<search> Manuel Díaz Rodríguez </search> trailing text <answer>x</answer>",
                 "<answer> Venezuela </answer>"]]
-    _, engine, out = run(tokenizer, retriever, scripts)
+    _, engine, out = run(tokenizer, retriever, scripts, mode)
     generated = response_text(tokenizer, out, 0, masked=True)
     assert "trailing text" not in generated and generated.startswith("<search> Manuel Díaz Rodríguez </search>")
     observation = response_text(tokenizer, out, 0, masked=False)
@@ -64,32 +68,36 @@ def test_search_then_answer_first_wins_and_text_after_stop_is_cut(tokenizer, ret
     assert out.batch["finished"].tolist() == [1]
 
 
-def test_invalid_action_gets_corrective_message(tokenizer, retriever):
+def test_invalid_action_gets_corrective_message(tokenizer, retriever, mode):
     scripts = [["<search></search>", "<search>capital\nof France</search>", "<answer>Paris</answer>"]]
-    _, _, out = run(tokenizer, retriever, scripts)
+    _, _, out = run(tokenizer, retriever, scripts, mode)
     observation = response_text(tokenizer, out, 0, masked=False)
     assert observation.startswith(INVALID_ACTION_MESSAGE)
     assert out.batch["valid_action"].tolist() == [2] and out.batch["turns"].tolist() == [3]
 
 
-def test_max_turns_exhausted(tokenizer, retriever):
+def test_max_turns_exhausted(tokenizer, retriever, mode):
     scripts = [["<search>a</search>", "<search>b</search>", "<search>c</search>", "<answer>never</answer>"]]
-    _, engine, out = run(tokenizer, retriever, scripts, max_turns=2, max_response_length=1000)
+    _, engine, out = run(tokenizer, retriever, scripts, mode, max_turns=2, max_response_length=1000)
     assert out.batch["turns"].tolist() == [3]  # 2 search rounds + the final search-free generation
     assert response_text(tokenizer, out, 0).count("<information>") == 2
     assert out.batch["finished"].tolist() == [0] and out.batch["truncated"].tolist() == [0]
 
 
-def test_only_active_rows_are_sent(tokenizer, retriever):
+def test_only_active_rows_are_sent(tokenizer, retriever, mode):
     scripts = [["<answer>done</answer>"], ["<search>Venezuela</search>", "<answer>x</answer>"]]
-    prompts, engine, out = run(tokenizer, retriever, scripts)
-    assert [len(call) for call in engine.calls] == [2, 1, 2]  # turn 1, turn 2 (row 1), EOS closing
-    assert engine.calls[1][0][:len(prompts[1])] == prompts[1]
+    prompts, engine, out = run(tokenizer, retriever, scripts, mode)
+    requests = [context for call in engine.calls for context in call]
+    per_row = [sum(context[:len(p)] == p for context in requests) for p in prompts]
+    assert per_row == [2, 3]  # row 0: turn 1 + EOS closing; row 1: two turns + EOS closing
+    if mode == "sync":
+        assert [len(call) for call in engine.calls] == [2, 1, 2]  # turn 1, turn 2 (row 1), EOS closing
+        assert engine.calls[1][0][:len(prompts[1])] == prompts[1]
 
 
-def test_observation_truncation_keeps_closing_tag(tokenizer, retriever):
+def test_observation_truncation_keeps_closing_tag(tokenizer, retriever, mode):
     scripts = [["<search>Venezuela writer journalist</search>", "<answer>x</answer>"]]
-    _, _, out = run(tokenizer, retriever, scripts, max_obs_length=40)
+    _, _, out = run(tokenizer, retriever, scripts, mode, max_obs_length=40)
     mask = out.batch["response_mask"][0]
     real = out.batch["attention_mask"][0, -400:].bool()
     obs_ids = out.batch["responses"][0][real & ~mask.bool()]
@@ -97,23 +105,23 @@ def test_observation_truncation_keeps_closing_tag(tokenizer, retriever):
     assert tokenizer.decode(obs_ids).endswith("</information>\n\n")
 
 
-def test_context_overflow_ends_row_truncated_and_keeps_question(tokenizer, retriever):
+def test_context_overflow_ends_row_truncated_and_keeps_question(tokenizer, retriever, mode):
     scripts = [["<search>Venezuela</search>", "<answer>x</answer>"]]
-    prompts, _, out = run(tokenizer, retriever, scripts, max_prompt_length=40)
+    prompts, _, out = run(tokenizer, retriever, scripts, mode, max_prompt_length=40)
     assert out.batch["truncated"].tolist() == [1]
     assert out.batch["prompts"][0, -len(prompts[0]):].tolist() == prompts[0]
     assert response_text(tokenizer, out, 0) == "<search>Venezuela</search>"
 
 
-def test_do_search_false_gives_empty_information(tokenizer):
+def test_do_search_false_gives_empty_information(tokenizer, mode):
     scripts = [["<search>Venezuela</search>", "<answer>x</answer>"]]
-    _, _, out = run(tokenizer, None, scripts, do_search=False)
+    _, _, out = run(tokenizer, None, scripts, mode, do_search=False)
     assert response_text(tokenizer, out, 0, masked=False) == "\n\n<information></information>\n\n"
 
 
-def test_shapes_masks_positions(tokenizer, retriever):
+def test_shapes_masks_positions(tokenizer, retriever, mode):
     scripts = [["<answer>a</answer>"], ["<search>Venezuela</search>", "<answer>b</answer>"]]
-    prompts, _, out = run(tokenizer, retriever, scripts)
+    prompts, _, out = run(tokenizer, retriever, scripts, mode)
     b = out.batch
     width = b["prompts"].shape[1]
     assert b["input_ids"].shape == (2, width + 400) and b["responses"].shape == (2, 400)
@@ -126,10 +134,10 @@ def test_shapes_masks_positions(tokenizer, retriever):
         assert b["input_ids"][row][b["attention_mask"][row].bool()][:len(prompt)].tolist() == prompt
 
 
-def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever):
+def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever, mode):
     from search_r1.prompts import format_observation, format_passages
     scripts = [["<search>Venezuela writer</search>", "<answer>x</answer>"]]
-    _, _, out = run(tokenizer, retriever, scripts, max_obs_length=1000)
+    _, _, out = run(tokenizer, retriever, scripts, mode, max_obs_length=1000)
     docs = retriever.retrieve(["Venezuela writer"])[0]
     expected = tokenizer.encode(format_observation(format_passages(docs)), add_special_tokens=False)
     real = out.batch["attention_mask"][0, -400:].bool()
@@ -137,12 +145,12 @@ def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever):
     assert obs == expected
 
 
-def test_retriever_down_fails_clearly(tokenizer):
+def test_retriever_down_fails_clearly(tokenizer, mode):
     from search_r1.search.client import RetrieverClient, RetrieverError
     from search_r1.search.launcher import free_port
     dead = RetrieverClient(f"http://127.0.0.1:{free_port()}/retrieve", timeout=2.0, max_retries=1, backoff=0.1)
     with pytest.raises(RetrieverError, match="127.0.0.1"):
-        run(tokenizer, dead, [["<search>x</search>", "<answer>y</answer>"]])
+        run(tokenizer, dead, [["<search>x</search>", "<answer>y</answer>"]], mode)
 
 
 def test_observation_encoder_rejects_tiny_budget(tokenizer):
@@ -150,10 +158,35 @@ def test_observation_encoder_rejects_tiny_budget(tokenizer):
         ObservationEncoder(tokenizer, 5)
 
 
-def test_prompt_that_opens_the_search_tag(tokenizer, retriever):
+def test_prompt_that_opens_the_search_tag(tokenizer, retriever, mode):
     prompts = [tokenizer.encode("Question: q?\n<search>", add_special_tokens=False)]
     engine = ScriptedEngine(tokenizer, prompts, [["Venezuela writer</search>", "<answer>x</answer>"]])
     manager = LLMGenerationManager(tokenizer, engine, GenerationConfig(max_turns=2, max_response_length=400,
-                                                                       max_obs_length=200), retriever)
+                                                                       max_obs_length=200, mode=mode), retriever)
     out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), PARAMS)
     assert out.batch["valid_search"].tolist() == [1] and out.batch["finished"].tolist() == [1]
+    assert out.non_tensor_batch["action_prefix"].tolist() == ["<search>"]
+
+
+MIXED_SCRIPTS = [
+    ["<answer>done</answer>"],
+    ["<search>Venezuela</search>", "<search></search>", "<answer>x</answer>"],
+    ["<think>hmm</think>a closing tag only </search>", "<search>Manuel Díaz Rodríguez</search>", "<answer>y</answer>"],
+    ["<search>a writer</search>", "<search>b</search>", "<search>c</search>", "<answer>late</answer>"],
+]
+
+
+def test_sync_and_async_give_the_same_trajectories(tokenizer, retriever):
+    """The async rollout is the sync loop's contract, row for row: ids, masks, log-probs, stats."""
+    _, _, sync = run(tokenizer, retriever, MIXED_SCRIPTS, "sync", max_response_length=600)
+    _, _, async_ = run(tokenizer, retriever, MIXED_SCRIPTS, "async", max_response_length=600)
+    assert sorted(sync.batch.keys()) == sorted(async_.batch.keys())
+    for key in sync.batch.keys():
+        assert torch.equal(sync.batch[key], async_.batch[key]), key
+    assert sync.non_tensor_batch["action_prefix"].tolist() == async_.non_tensor_batch["action_prefix"].tolist()
+    assert sync.batch["turns"].tolist() == [1, 3, 3, 3] and sync.batch["finished"].tolist() == [1, 1, 1, 0]
+
+
+def test_mode_must_be_known():
+    with pytest.raises(ValueError, match="rollout mode.*'asynchronous'"):
+        GenerationConfig(mode="asynchronous")

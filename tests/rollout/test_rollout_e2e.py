@@ -1,4 +1,5 @@
-"""A multi-turn rollout with the real engines and the real retriever server (searches forced)."""
+"""A multi-turn rollout with the real engines and the real retriever server (searches forced),
+in both rollout modes (the async runs carry ``async`` in their ids)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,11 @@ PREFIX = "<think>I need to look this up.</think>\n<search>"
 QUESTIONS = ["Where was Manuel Díaz Rodríguez born?", "What did Manuel Díaz Rodríguez write?"]
 
 
-def rollout(engine, tokenizer, retriever):
-    prompts = [chat_prompt(tokenizer, q, PREFIX) for q in QUESTIONS]
+def rollout(engine, tokenizer, retriever, mode="sync", prompts=None):
+    prompts = prompts or [chat_prompt(tokenizer, q, PREFIX) for q in QUESTIONS]
     batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts})
-    config = GenerationConfig(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200)
+    config = GenerationConfig(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200,
+                              mode=mode)
     manager = LLMGenerationManager(tokenizer, engine, config, retriever)
     return prompts, manager.run_llm_loop(batch, SamplingParams(temperature=0, max_tokens=48))
 
@@ -41,9 +43,9 @@ def observation_spans(mask: list[int]) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("engine_name", ["hf_engine", "vllm_engine"])
-def test_multi_turn_search_rollout(engine_name, request, tokenizer, retriever):
+def test_multi_turn_search_rollout(engine_name, request, tokenizer, retriever, mode):
     engine = request.getfixturevalue(engine_name)
-    prompts, out = rollout(engine, tokenizer, retriever)
+    prompts, out = rollout(engine, tokenizer, retriever, mode)
     encoder = ObservationEncoder(tokenizer, 200)
     width = out.batch["prompts"].shape[1]
     for row, prompt in enumerate(prompts):
@@ -69,8 +71,57 @@ def test_multi_turn_search_rollout(engine_name, request, tokenizer, retriever):
     assert int(out.batch["valid_search"].sum()) >= len(prompts)
 
 
-def test_engines_agree_on_greedy_rollout(hf_engine, vllm_engine, tokenizer, retriever):
-    _, hf_out = rollout(hf_engine, tokenizer, retriever)
-    _, vllm_out = rollout(vllm_engine, tokenizer, retriever)
-    assert torch.equal(hf_out.batch["responses"], vllm_out.batch["responses"])
-    assert torch.equal(hf_out.batch["response_mask"], vllm_out.batch["response_mask"])
+def test_engines_and_modes_agree_on_greedy_rollout(hf_engine, vllm_engine, tokenizer, retriever):
+    """Greedy rollouts (validation) are the same on both engines in both modes, and repeat exactly
+    (the async one twice: arrival order does not change a greedy trajectory)."""
+    runs = {(name, mode): rollout(engine, tokenizer, retriever, mode)[1]
+            for name, engine in (("hf", hf_engine), ("vllm", vllm_engine)) for mode in ("sync", "async")}
+    runs["vllm", "async again"] = rollout(vllm_engine, tokenizer, retriever, "async")[1]
+    reference = runs["hf", "sync"]
+    for key, out in runs.items():
+        for name in ("responses", "response_mask", "turns", "valid_search", "finished", "truncated"):
+            assert torch.equal(out.batch[name], reference.batch[name]), (key, name)
+        torch.testing.assert_close(out.batch["rollout_log_probs"], reference.batch["rollout_log_probs"],
+                                   atol=1e-2, rtol=0, msg=str(key))
+
+
+COPY_PROMPT = "Write exactly this and nothing else: <search> who wrote Hamlet </search><think>"
+
+
+@pytest.mark.parametrize("engine_name", ["hf_engine", "vllm_engine"])
+def test_real_merged_stop_token_is_not_trained_or_sent_back(engine_name, request, tokenizer, retriever, mode):
+    """SmolLM2 copies ``</search><think>`` and completes the stop string with its ``><`` token: the
+    turn ends at ``</search>`` (the ``>`` comes from the environment, mask 0) on both engines."""
+    engine = request.getfixturevalue(engine_name)
+    text = tokenizer.apply_chat_template([{"role": "user", "content": COPY_PROMPT}], tokenize=False,
+                                         add_generation_prompt=True)
+    prompt = tokenizer.encode(text + "<search>", add_special_tokens=False)
+    sampled = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=24, stop=["</search>", "</answer>"]))[0]
+    assert tokenizer.decode(sampled.token_ids[-1:]) == "><", "the model no longer emits the merged token"
+    _, out = rollout(engine, tokenizer, retriever, mode, prompts=[prompt])
+    real = out.batch["attention_mask"][0, -400:].bool()
+    response = out.batch["responses"][0][real].tolist()
+    mask = out.batch["response_mask"][0][real].tolist()
+    first_obs = mask.index(0)
+    assert response[:first_obs] == sampled.token_ids[:-1]  # every trained token was sampled
+    assert tokenizer.decode(response[first_obs:first_obs + 1]) == ">"
+    decoded = tokenizer.decode(response)
+    assert decoded.lstrip().startswith("who wrote Hamlet </search>\n\n<information>Doc 1(Title: ")
+    assert "</search><" not in decoded
+
+
+def test_failed_async_rollout_leaves_the_vllm_engine_clean(vllm_engine, tokenizer):
+    """A search that fails for good ends the async rollout with the retriever's error; the requests
+    it left in vLLM are dropped, so the next (sync) generation is unaffected."""
+    from search_r1.search.client import RetrieverClient, RetrieverError
+    from search_r1.search.launcher import free_port
+
+    dead = RetrieverClient(f"http://127.0.0.1:{free_port()}/retrieve", timeout=1.0, max_retries=0)
+    params = SamplingParams(temperature=0, max_tokens=24)
+    prompts = [chat_prompt(tokenizer, q, PREFIX) for q in QUESTIONS] + [chat_prompt(tokenizer, "Who wrote Hamlet?")]
+    before = vllm_engine.generate(prompts, params)
+    with pytest.raises(RetrieverError, match="127.0.0.1"):
+        rollout(vllm_engine, tokenizer, dead, "async", prompts=prompts)
+    assert not vllm_engine.llm.llm_engine.has_unfinished_requests()
+    after = vllm_engine.generate(prompts, params)
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]
