@@ -24,7 +24,8 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth, ext
         solution_str: the decoded response, without the prompt.
         ground_truth: ``{"target": [...]}`` or the answers themselves.
         extra_info: the row's ``extra_info`` (unused by the QA scores).
-        **kwargs: score knobs named above.
+        **kwargs: score knobs named above, and ``action_prefix`` (the tag a forced prompt prefix
+            opened; ``solution_str`` starts with it): the format check then starts inside it.
     Raises:
         NotImplementedError: no score is registered for ``data_source``.
     """
@@ -34,7 +35,7 @@ def default_compute_score(data_source: str, solution_str: str, ground_truth, ext
             f"no reward function for data_source {data_source!r}; known: {sorted(QA_DATA_SOURCES)}")
     if any(kwargs.get(key) for key in _FORMAT_KEYS):
         return qa_em_format.compute_score_em(solution_str, ground_truth, **kwargs)
-    plain = {key: kwargs[key] for key in ("format_score", "score") if key in kwargs}
+    plain = {key: kwargs[key] for key in ("format_score", "score") if key in kwargs}  # EM needs no prefix rule
     return qa_em.compute_score_em(solution_str, ground_truth, **plain)
 
 

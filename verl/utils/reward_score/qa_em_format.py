@@ -15,6 +15,11 @@ correctness and form (Search-R1, Jin et al. 2025, the format-reward ablation):
     malformed, no answer         -> 0
 
 The answer is the last ``<answer>`` of the response outside ``<information>`` blocks (see qa_em).
+
+A response whose prompt opened the action (a forced ``<search>``/``<answer>`` prefix, passed as
+``action_prefix`` with ``solution_str`` starting with that tag) is checked from that tag on: what
+came before it (the ``<think>`` block, if any) was written by the prompt, not the model, so the
+check starts in the state after ``</think>``.
 """
 
 from __future__ import annotations
@@ -40,15 +45,28 @@ _TRANSITIONS = {
 }
 
 
-def check_format(response: str) -> tuple[bool, str]:
+ACTION_PREFIXES = ("<search>", "<answer>")
+
+
+def check_format(response: str, action_prefix: str = "") -> tuple[bool, str]:
     """Validate the tag structure of a response.
 
     Tags inside an ``<information>`` block are passage text, not structure, and are skipped.
 
+    Args:
+        response: the decoded response (starting with ``action_prefix`` when one is given).
+        action_prefix: ``"<search>"`` or ``"<answer>"`` when the prompt opened that tag.
     Returns:
         ``(is_valid, reason)``; ``reason`` names the first offending tag or text.
+    Raises:
+        ValueError: ``action_prefix`` is another string, or ``response`` does not start with it.
     """
     state = "start"
+    if action_prefix:
+        if action_prefix not in ACTION_PREFIXES or not response.startswith(action_prefix):
+            raise ValueError(f"action_prefix must be one of {ACTION_PREFIXES} and start the response; "
+                             f"got {action_prefix!r} for a response starting {response[:20]!r}")
+        state = "after_think"
     for part in _TAG.split(response):
         if state == "in_information" and part != "</information>":
             continue
@@ -64,9 +82,9 @@ def check_format(response: str) -> tuple[bool, str]:
     return True, "valid"
 
 
-def is_valid_sequence(response: str) -> bool:
+def is_valid_sequence(response: str, action_prefix: str = "") -> bool:
     """True when :func:`check_format` accepts the response."""
-    return check_format(response)[0]
+    return check_format(response, action_prefix)[0]
 
 
 def information_blocks(response: str) -> list[str]:
@@ -76,7 +94,7 @@ def information_blocks(response: str) -> list[str]:
 
 def compute_score_em(solution_str: str, ground_truth, structure_format_score: float = 0.0,
                      final_format_score: float = 0.0, retrieval_score: float = 0.0,
-                     format_score: float = 0.0, score: float = 1.0) -> float:
+                     format_score: float = 0.0, score: float = 1.0, action_prefix: str = "") -> float:
     """Format-aware EM score of one response (table in the module docstring).
 
     Args:
@@ -87,10 +105,11 @@ def compute_score_em(solution_str: str, ground_truth, structure_format_score: fl
         format_score: accepted for call compatibility with ``qa_em.compute_score_em``; unused, as
             in Search-R1.
         score: reward for a correct, well-formed answer.
+        action_prefix: the tag a forced prompt prefix opened (``solution_str`` starts with it).
     """
     del format_score
     answer = extract_solution(solution_str)
-    valid = is_valid_sequence(solution_str)
+    valid = is_valid_sequence(solution_str, action_prefix)
     correct = answer is not None and em_check(answer, ground_truth)
     if correct:
         return float(score) if valid else float(score - structure_format_score)

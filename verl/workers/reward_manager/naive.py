@@ -1,5 +1,9 @@
 """Batch -> token-level scores: decode each response, score it, put the score on its last token.
 
+A row whose prompt itself opened an action (a forced ``<answer>``/``<search>`` prefix; the rollout
+reports it per row as ``action_prefix``) is scored on ``action_prefix + response``: the action the
+rollout loop parsed, so a forced ``<answer>`` followed by the gold answer earns the reward.
+
 The last real response token is found from the attention mask over the response part (or
 ``response_mask`` when there is no attention mask), never by comparing ids with ``pad_token_id``:
 with pad == eos (SmolLM2, Qwen base) a real EOS would otherwise look like padding.
@@ -53,7 +57,8 @@ class RewardManager:
         tokenizer: decodes the responses (special tokens such as EOS are skipped).
         compute_score: ``f(data_source, solution_str, ground_truth, extra_info, **kw)`` returning a
             float or a dict with a ``"score"`` key (other keys go to ``reward_extra_info``);
-            default :func:`default_compute_score`.
+            default :func:`default_compute_score`. For a row with a non-empty ``action_prefix``
+            it also gets ``action_prefix=`` (``solution_str`` then starts with that tag).
         num_examine: responses printed per data source per call (debugging).
         reward_fn_key: the non-tensor field that names the data source.
         **score_kwargs: passed to ``compute_score`` (e.g. ``structure_format_score``).
@@ -87,11 +92,13 @@ class RewardManager:
         sources, printed = [], defaultdict(int)
         for row in range(responses.shape[0]):
             length = int(lengths[row])
-            text = self.tokenizer.decode(responses[row, :length].tolist(), skip_special_tokens=True)
+            prefix = self._action_prefix(data.non_tensor_batch, row)
+            text = prefix + self.tokenizer.decode(responses[row, :length].tolist(), skip_special_tokens=True)
             source, ground_truth, extra_info = self._row_fields(data.non_tensor_batch, row)
+            row_kwargs = {"action_prefix": prefix} if prefix else {}
             result = self.compute_score(data_source=source, solution_str=text,
                                         ground_truth=ground_truth, extra_info=extra_info,
-                                        **self.score_kwargs)
+                                        **self.score_kwargs, **row_kwargs)
             score = self._collect(result, extra)
             if source in QA_DATA_SOURCES:
                 extra["em"].append(qa_em.compute_score_em(text, ground_truth))
@@ -107,6 +114,13 @@ class RewardManager:
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": dict(extra)}
         return reward_tensor
+
+    @staticmethod
+    def _action_prefix(non_tensor: Mapping[str, np.ndarray], row: int) -> str:
+        """The action tag the row's prompt opened ("" for rows without one, or without the field)."""
+        if "action_prefix" not in non_tensor:
+            return ""
+        return str(non_tensor["action_prefix"][row] or "")
 
     def _row_fields(self, non_tensor: Mapping[str, np.ndarray], row: int):
         if self.reward_fn_key not in non_tensor:
