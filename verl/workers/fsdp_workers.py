@@ -286,6 +286,21 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             "finish_reason": [o.finish_reason for o in outputs],
             "stop_str": [o.stop_str for o in outputs]})
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_trajectories(self, data: DataProto) -> DataProto:
+        """Run the multi-turn rollout of this rank's rows beside the engine (async rollout mode).
+
+        ``meta_info["agent_loop"]`` is a picklable callable ``(engine, tokenizer, data) -> DataProto``
+        (``search_r1.llm_agent.async_rollout.AgentLoop``) sent by the controller; it runs one task
+        per row against this worker's engine and returns the trajectories (prompts, responses,
+        masks, rollout log-probs, per-row stats).
+        """
+        if self.rollout_engine is None:
+            raise RuntimeError(f"generate_trajectories on a worker with role {self.role!r} (no rollout engine)")
+        agent_loop = data.meta_info.pop("agent_loop")
+        with self.phase_memory.track("gen"):
+            return agent_loop(self.rollout_engine, self.tokenizer, data)
+
     def _sync_rollout_weights(self) -> None:
         """Push the actor's current full weights into the colocated engine (collective)."""
         if self.rollout_engine is None:

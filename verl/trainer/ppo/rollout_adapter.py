@@ -5,6 +5,10 @@ retriever between turns. The engine itself lives inside the actor-rollout worker
 the FSDP actor, sharing its weights); this adapter turns ``engine.generate(prompt_ids, params)``
 into one ``generate_sequences`` call on the worker group. Weight sync after an actor update happens
 inside the workers, so ``update_weights`` is a no-op here.
+
+In the async rollout mode the trajectory tasks must run where the engine is: ``run_agent_loop``
+sends the rows with the loop to run (``search_r1.llm_agent.async_rollout.AgentLoop``) and each
+worker runs it on its share of the rows beside its own engine (``generate_trajectories``).
 """
 
 from __future__ import annotations
@@ -55,6 +59,22 @@ class WorkerGroupEngine(RolloutEngine):
         data, pad_size = pad_dataproto_to_divisor(data, self.world_size)
         output = unpad_dataproto(self.worker_group.generate_sequences(data), pad_size)
         return _to_outputs(output)
+
+    def run_agent_loop(self, rows, agent_loop):
+        """Run ``agent_loop(engine, tokenizer, rows_of_this_worker)`` on every worker; rows in order.
+
+        Args:
+            rows: a DataProto with ``raw_prompt_ids`` (and the columns the loop reads).
+            agent_loop: a picklable callable returning the rows' trajectories as a DataProto; its
+                search cap is split over the workers (``AgentLoop.for_workers``).
+        Returns:
+            The workers' DataProtos concatenated in row order (the padding rows removed).
+        """
+        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+
+        data, pad_size = pad_dataproto_to_divisor(rows, self.world_size)
+        data.meta_info["agent_loop"] = agent_loop.for_workers(self.world_size)
+        return unpad_dataproto(self.worker_group.generate_trajectories(data), pad_size)
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """No-op: the workers push weights into their engine after each actor update."""

@@ -89,9 +89,11 @@ def build_generation_manager(cfg: DictConfig, tokenizer, engine):
     gen_config = GenerationConfig(
         max_turns=int(cfg.max_turns), max_start_length=int(cfg.data.max_start_length),
         max_prompt_length=int(cfg.data.max_prompt_length), max_response_length=response_width(cfg),
-        max_obs_length=int(cfg.data.max_obs_length), do_search=bool(cfg.do_search))
+        max_obs_length=int(cfg.data.max_obs_length), do_search=bool(cfg.do_search),
+        mode=str(cfg.actor_rollout_ref.rollout.mode))
     retriever = RetrieverClient(cfg.retriever.url, topk=int(cfg.retriever.topk), timeout=float(cfg.retriever.timeout),
-                                max_retries=int(cfg.retriever.max_retries)) if cfg.do_search else None
+                                max_retries=int(cfg.retriever.max_retries),
+                                max_concurrency=int(cfg.retriever.max_concurrency)) if cfg.do_search else None
     return LLMGenerationManager(tokenizer, engine, gen_config, retriever)
 
 

@@ -1,0 +1,92 @@
+"""The async rollout across the controller/worker boundary: trajectory tasks run in the Ray workers.
+
+* two real Ray rollout ranks (transformers engine, SmolLM2) run their halves of a batch beside
+  their engines and give, row for row, the controller-side sync loop's greedy result;
+* one trainer step through the real entry point with ``rollout.mode=async`` and the vLLM CPU
+  engine colocated in the actor worker (generation, update, weight push).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+from tests.rollout.conftest import chat_prompt
+from tests.trainer.conftest import qa_parquet, retriever_url  # noqa: F401  (fixtures)
+from tests.trainer.helpers import read_metrics, run_main, tiny_overrides
+from verl.protocol import DataProto
+from verl.workers.rollout.base import SamplingParams
+
+pytestmark = pytest.mark.slow
+
+PREFIX = "<think>I need to look this up.</think>\n<search>"
+QUESTIONS = ["Where was Manuel Díaz Rodríguez born?", "What did Manuel Díaz Rodríguez write?",
+             "Who wrote Hamlet?", "What is the capital of France?"]
+
+
+@pytest.fixture(scope="module")
+def rollout_group(smollm2_path):
+    """Two Ray workers with the ``rollout`` role (a transformers engine each, no actor)."""
+    import ray
+
+    from verl.single_controller import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, init_ray
+    from verl.workers.fsdp_workers import ActorRolloutRefWorker
+
+    init_ray(num_cpus=2, env_vars={"PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")]),
+                                   "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+                                   "TOKENIZERS_PARALLELISM": "false"},
+             object_store_memory=200 * 1024**2)
+    pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=2, cpus_per_worker=0.2)
+    config = {"model": {"path": smollm2_path, "trust_remote_code": False},
+              "rollout": {"name": "hf", "dtype": "float32", "log_prob_micro_batch_size_per_gpu": 4},
+              "ref": {"log_prob_micro_batch_size_per_gpu": 4}}
+    group = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role="rollout"),
+                           name_prefix="async_rollout", timeout_s=600)
+    try:
+        group.init_model()
+        yield group
+    finally:
+        group.shutdown()
+        pool.release()
+        ray.shutdown()
+
+
+def test_async_rollout_on_two_ray_ranks_equals_the_sync_loop(rollout_group, hf_engine, tokenizer, retriever):
+    from verl.trainer.ppo.rollout_adapter import WorkerGroupEngine
+
+    # 5 rows on 2 ranks: one padding row; a row without a forced prefix ends without searching
+    prompts = [chat_prompt(tokenizer, q, PREFIX) for q in QUESTIONS] + [chat_prompt(tokenizer, "Say hi.")]
+    params = SamplingParams(temperature=0, max_tokens=48)
+    outputs = {}
+    for mode, engine in (("sync", hf_engine), ("async", WorkerGroupEngine(rollout_group, world_size=2))):
+        config = GenerationConfig(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200,
+                                  mode=mode)
+        manager = LLMGenerationManager(tokenizer, engine, config, retriever)
+        outputs[mode] = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
+    sync, remote = outputs["sync"], outputs["async"]
+    assert len(remote) == len(prompts)
+    for key in ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "turns",
+                "valid_search", "valid_action", "finished", "truncated"):
+        assert torch.equal(remote.batch[key], sync.batch[key]), key
+    torch.testing.assert_close(remote.batch["rollout_log_probs"], sync.batch["rollout_log_probs"], atol=1e-4, rtol=0)
+    assert remote.non_tensor_batch["action_prefix"].tolist() == ["<search>"] * 4 + [""]
+    assert int(remote.batch["valid_search"][:4].min()) >= 1
+
+
+def test_trainer_step_with_async_rollout_and_colocated_vllm(tiny_qwen_path, qa_parquet, retriever_url,  # noqa: F811
+                                                            tmp_path):
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + [
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async", "trainer.backend=ray",
+        "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=2",
+        "retriever.max_concurrency=2"]
+    result = run_main(overrides)
+    assert result.returncode == 0, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2]
+    for key in ("critic/score/mean", "actor/pg_loss", "env/number_of_actions/mean", "response_length/mean",
+                "timing_s/gen", "val/test_score/nq"):
+        assert key in metrics[-1], key
