@@ -297,7 +297,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         """
         if self.rollout_engine is None:
             raise RuntimeError(f"generate_trajectories on a worker with role {self.role!r} (no rollout engine)")
-        agent_loop = data.meta_info.pop("agent_loop")
+        agent_loop = data.meta_info["agent_loop"]
         with self.phase_memory.track("gen"):
             return agent_loop(self.rollout_engine, self.tokenizer, data)
 
