@@ -82,15 +82,21 @@ def response_width(cfg: DictConfig) -> int:
     return int(cfg.data.max_response_length) * (turns + 1) + int(cfg.data.max_obs_length) * turns
 
 
-def build_generation_manager(cfg: DictConfig, tokenizer, engine):
-    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
-    from search_r1.search.client import RetrieverClient
+def generation_config(cfg: DictConfig):
+    """The search loop's budgets and mode (raises ValueError on an unknown ``rollout.mode``)."""
+    from search_r1.llm_agent.generation import GenerationConfig
 
-    gen_config = GenerationConfig(
+    return GenerationConfig(
         max_turns=int(cfg.max_turns), max_start_length=int(cfg.data.max_start_length),
         max_prompt_length=int(cfg.data.max_prompt_length), max_response_length=response_width(cfg),
         max_obs_length=int(cfg.data.max_obs_length), do_search=bool(cfg.do_search),
         mode=str(cfg.actor_rollout_ref.rollout.mode))
+
+
+def build_generation_manager(cfg: DictConfig, tokenizer, engine, gen_config):
+    from search_r1.llm_agent.generation import LLMGenerationManager
+    from search_r1.search.client import RetrieverClient
+
     retriever = RetrieverClient(cfg.retriever.url, topk=int(cfg.retriever.topk), timeout=float(cfg.retriever.timeout),
                                 max_retries=int(cfg.retriever.max_retries),
                                 max_concurrency=int(cfg.retriever.max_concurrency)) if cfg.do_search else None
@@ -143,6 +149,7 @@ def build_trainer(cfg: DictConfig) -> RayPPOTrainer:
                                     shuffle=bool(cfg.data.shuffle_train_dataloader), seed=int(cfg.data.seed))
     total_steps = total_training_steps(cfg, sampler.batches_per_epoch)
     _inject_total_steps(cfg, total_steps)
+    gen_config = generation_config(cfg)  # before any model loads: a bad rollout.mode fails here
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, list(cfg.trainer.logger),
                        cfg.trainer.log_dir, config=OmegaConf.to_container(cfg, resolve=True))
     workers = build_worker_groups(cfg)
@@ -151,7 +158,7 @@ def build_trainer(cfg: DictConfig) -> RayPPOTrainer:
     return RayPPOTrainer(
         cfg, tokenizer, workers, BatchLoader(train_set, collate_fn, sampler),
         val_batches=lambda: iterate_in_order(val_set, collate_fn, val_batch_size),
-        generation_manager=build_generation_manager(cfg, tokenizer, engine),
+        generation_manager=build_generation_manager(cfg, tokenizer, engine, gen_config),
         reward_fn=build_reward_fn(cfg, tokenizer, int(cfg.reward_model.num_examine)),
         val_reward_fn=build_reward_fn(cfg, tokenizer, 1),
         kl_ctrl=core_algos.get_kl_controller(cfg.algorithm.kl_ctrl), tracker=tracker, total_steps=total_steps,
