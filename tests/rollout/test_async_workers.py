@@ -40,7 +40,7 @@ def rollout_group(smollm2_path):
                                    "TOKENIZERS_PARALLELISM": "false"},
              object_store_memory=200 * 1024**2)
     pool = RayResourcePool(process_on_nodes=[2], use_gpu=False, max_colocate_count=2, cpus_per_worker=0.2)
-    config = {"model": {"path": smollm2_path, "trust_remote_code": False},
+    config = {"model": {"path": smollm2_path, "trust_remote_code": False}, "actor": {},
               "rollout": {"name": "hf", "dtype": "float32", "log_prob_micro_batch_size_per_gpu": 4},
               "ref": {"log_prob_micro_batch_size_per_gpu": 4}}
     group = RayWorkerGroup(pool, RayClassWithInitArgs(ActorRolloutRefWorker, config=config, role="rollout"),
