@@ -7,7 +7,8 @@
     python benchmarks/async_rollout.py --models qwen2.5-1.5b --step_model none --merge_from PREVIOUS.json ...
     # CPU smoke shape (2 cores)
     python benchmarks/async_rollout.py --device cpu --models base,tiny --batch_size 8 --n 2 --max_turns 2 \\
-        --max_tokens 96 --max_obs_length 128 --step_batch_size 4 --step_n 2 --step_steps 2
+        --max_tokens 96 --max_obs_length 128 --max_prompt_length 1536 --step_model base --step_batch_size 4 \
+        --step_n 2 --step_steps 2 --report_name async_rollout_cpu
 
 Rollouts (``rollout`` section): for each model, one vLLM engine is built and reused; each of
 ``sync`` and ``async`` rolls out the same ``batch_size x n`` rows at temperature 1 against (a) the
@@ -82,6 +83,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step_n", type=int, default=5)
     p.add_argument("--step_steps", type=int, default=3)
     p.add_argument("--out_dir", default=None, help="default benchmarks/results (on the device: $OUT)")
+    p.add_argument("--report_name", default="async_rollout", help="JSON file name (without .json)")
     p.add_argument("--merge_from", default=None,
                    help="an earlier async_rollout.json whose rollout entries / step this run extends "
                         "(split a long device session into several calls)")
@@ -108,8 +110,8 @@ def model_path(name: str, work_dir: Path) -> str:
 
 
 def questions(count: int) -> list[str]:
-    rows = [json.loads(line) for source in ("nq", "hotpotqa")
-            for line in open(REPO / "example" / "qa" / source / "test.jsonl")]
+    rows = [json.loads(line) for path in sorted((REPO / "example" / "qa").glob("*/*.jsonl"))
+            for line in open(path)]  # the 730 bundled questions, cycled past that
     return [rows[i % len(rows)]["question"] for i in range(count)]
 
 
@@ -227,7 +229,8 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
                               max_obs_length=args.max_obs_length, mode=mode)
     manager = LLMGenerationManager(tokenizer, engine, config, retriever)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=args.seed)
-    before = proxy.stats() if proxy else None
+    if proxy:
+        proxy.stats(reset=True)
     tic = time.perf_counter()
     out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
     wall = time.perf_counter() - tic
@@ -245,7 +248,7 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
             result[key] = round(timing[key], 2)
     if proxy:
         after = proxy.stats()
-        result["proxy_requests"] = after["requests"] - before["requests"]
+        result["proxy_requests"] = after["requests"]
         result["proxy_peak_requests_in_flight"] = after["peak_in_flight"]
     print(json.dumps(result), flush=True)
     return result
@@ -275,7 +278,7 @@ def rollout_section(args, servers: dict, work_dir: Path, report: dict) -> None:
             runs["ratio_sync_over_async"] = round(runs["sync"]["rollout_s"] / runs["async"]["rollout_s"], 3)
             entry["runs"][retriever_name] = runs
         report["rollout"] = [e for e in report["rollout"] if e["model"] != name] + [entry]
-        save_report("async_rollout", summarize(report), args.out_dir, quiet=True)
+        save_report(args.report_name, summarize(report), args.out_dir, quiet=True)
         _shutdown(engine.engine if isinstance(engine, ForcedTurns) else engine)
         del engine
 
@@ -358,7 +361,7 @@ def main(argv=None) -> dict:
                     report["step"] = step_section(args, proxy, work_dir)
             finally:
                 proxy.stop()
-    save_report("async_rollout", summarize(report), args.out_dir)
+    save_report(args.report_name, summarize(report), args.out_dir)
     return report
 
 

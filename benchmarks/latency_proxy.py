@@ -8,7 +8,7 @@ request draws its own latency from a log-normal distribution whose 2.5% and 97.5
 its queries: a server in front of a web search API fans one request's queries out in parallel, so
 a batched request costs the longest of its queries, not their sum. ``--fixed_ms`` replaces the
 distribution with one constant delay (tests). ``GET /health`` is the upstream's; ``GET /stats``
-counts requests, queries and the most requests in flight at once.
+counts requests, queries and the most requests in flight at once (``?reset=true`` restarts them).
 
 This is a benchmark instrument, not part of the product: the retriever client and server know
 nothing about it.
@@ -105,8 +105,12 @@ def create_app(upstream: str, latency: LatencyModel):
         return Response(answer.content, status_code=answer.status_code, media_type="application/json")
 
     @app.get("/stats")
-    async def get_stats() -> dict:
-        return dict(stats)
+    async def get_stats(reset: bool = False) -> dict:
+        """The counters; ``?reset=true`` starts them again (the peak then counts from now)."""
+        out = dict(stats)
+        if reset:
+            stats.update(requests=0, queries=0, delay_s=0.0, peak_in_flight=stats["in_flight"])
+        return out
 
     return app
 
@@ -118,10 +122,10 @@ class ProxyProcess(ServerProcess):
         super().stop(timeout)
         shutil.rmtree(os.path.dirname(self.log_path), ignore_errors=True)
 
-    def stats(self) -> dict:
+    def stats(self, reset: bool = False) -> dict:
         import httpx
 
-        return httpx.get(self.url + "/stats", timeout=10.0).json()
+        return httpx.get(self.url + "/stats", params={"reset": str(reset).lower()}, timeout=10.0).json()
 
 
 def launch_proxy(upstream: str, min_ms: float = 200, max_ms: float = 1500, seed: int = 0,
