@@ -190,3 +190,21 @@ def test_sync_and_async_give_the_same_trajectories(tokenizer, retriever):
 def test_mode_must_be_known():
     with pytest.raises(ValueError, match="rollout mode.*'asynchronous'"):
         GenerationConfig(mode="asynchronous")
+
+
+def test_unknown_mode_fails_before_any_model_loads(tiny_qwen_path, tmp_path):
+    """``rollout.mode=asynchronous`` stops the real entry point with one line naming the value,
+    before the workers (and their models) start."""
+    from tests.trainer.conftest import QA, _row
+    from tests.trainer.helpers import run_main, tiny_overrides
+
+    import pandas as pd
+
+    data = str(tmp_path / "rows.parquet")
+    pd.DataFrame([_row(q, a, i, "train") for i, (q, a) in enumerate(QA)]).to_parquet(data)
+    overrides = tiny_overrides(tiny_qwen_path, {"train": data, "test": data}, "http://127.0.0.1:9/retrieve",
+                               tmp_path / "out", "grpo")
+    result = run_main(overrides + ["actor_rollout_ref.rollout.mode=asynchronous"], timeout=300)
+    assert result.returncode != 0
+    assert "rollout mode must be one of ('sync', 'async'), got 'asynchronous'" in result.stderr
+    assert "init_model" not in result.stderr and "WorkerHost" not in result.stderr
