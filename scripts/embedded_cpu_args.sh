@@ -10,9 +10,9 @@ EMBEDDED_CPU_ARGS=(
   actor_rollout_ref.actor.optim.lr=1e-6 actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0
   critic.optim.lr=1e-5 critic.optim.lr_warmup_steps_ratio=0.0
   actor_rollout_ref.model.enable_gradient_checkpointing=false actor_rollout_ref.model.max_packed_row_len=1024
-  actor_rollout_ref.actor.fsdp_config.param_offload=false actor_rollout_ref.actor.fsdp_config.grad_offload=false
+  actor_rollout_ref.actor.fsdp_config.param_offload=false
   actor_rollout_ref.actor.fsdp_config.optimizer_offload=false actor_rollout_ref.ref.fsdp_config.param_offload=false
-  critic.model.fsdp_config.param_offload=false critic.model.fsdp_config.grad_offload=false
+  critic.model.fsdp_config.param_offload=false
   critic.model.fsdp_config.optimizer_offload=false
   actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32 critic.model.fsdp_config.mixed_precision=fp32
   actor_rollout_ref.rollout.dtype=float32
