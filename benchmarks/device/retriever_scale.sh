@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Device-side driver of benchmarks/retriever_scale.py (issue 21, part 1) on one H200, repo root.
-# Carried before: .whl (bash ../shared/device/wheels.sh), the FAISS GPU parts copied to
-# /tmp/parts-faiss by earlier calls, .whl-faiss/small and .bench (benchmarks/device/fetch_faiss_gpu_wheels.sh).
-#   STAGES=gen,start bash benchmarks/device/retriever_scale.sh   # call A (~4 min)
-#   STAGES=load,ann  bash benchmarks/device/retriever_scale.sh   # call B, same warm machine (~4 min)
+# Carried: .whl (bash ../shared/device/wheels.sh), .whl-faiss/small and .bench
+# (benchmarks/device/fetch_faiss_gpu_wheels.sh); optionally the FAISS GPU parts, copied to
+# /tmp/parts-faiss by earlier calls (without them only the torch search backend is measured).
+#   SEARCH_R1_COMMIT=<sha> bash benchmarks/device/retriever_scale.sh          # all stages, one call
+#   STAGES=load,ann bash benchmarks/device/retriever_scale.sh                  # rerun stages, warm machine
 # /tmp/scale keeps the data and the report between calls; each call's $OUT gets the whole report so far.
 # Env: NUM_VECTORS (default 10,000,000, lowered to what the disk holds), SEARCH_R1_COMMIT, TIME_BUDGET_S.
 set -uo pipefail

@@ -30,21 +30,21 @@ def random_model_dir(tmp_path_factory):
 def test_biased_model_closes_searches_at_the_calibrated_rate(random_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    info = make_search_model(str(random_model_dir), str(tmp_path / "search"), close_every=40.0, device="cpu")
+    info = make_search_model(str(random_model_dir), str(tmp_path / "search"), close_every=30.0, device="cpu")
     assert info["decoded"] == OPEN + CLOSE
-    assert info["close"][1] == pytest.approx(1 / 40, rel=0.5) and info["open"][1] == pytest.approx(2 / 40, rel=0.5)
+    assert info["close"][1] == pytest.approx(1 / 30, rel=0.5) and info["open"][1] == pytest.approx(2 / 30, rel=0.5)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "search")
     assert not tokenizer.chat_template and json.loads((tmp_path / "search" / "search_bias.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "search")
     prompt = tokenizer("Question: who wrote it?\n" + PREFIX, return_tensors="pt").input_ids
     assert tokenizer.convert_ids_to_tokens(prompt[0, -1:].tolist()) == [OPEN]
     torch.manual_seed(0)
-    out = model.generate(prompt.repeat(32, 1), do_sample=True, max_new_tokens=300, top_k=0, top_p=1.0,
+    out = model.generate(prompt.repeat(16, 1), do_sample=True, max_new_tokens=200, top_k=0, top_p=1.0,
                          pad_token_id=0)[:, prompt.shape[1]:]
     close = tokenizer.convert_tokens_to_ids(CLOSE)
     closed = [(row == close).nonzero()[0].item() for row in out if (row == close).any()]
-    # Geometric with p = 1/40: nearly every row closes within 300 tokens, after ~40 on average.
-    assert len(closed) >= 28 and 10 < sum(closed) / len(closed) < 100
+    # Geometric with p = 1/30: nearly every row closes within 200 tokens, after ~30 on average.
+    assert len(closed) >= 14 and 8 < sum(closed) / len(closed) < 80
 
 
 def test_search_data_ends_every_prompt_with_the_prefix(tmp_path):
