@@ -307,7 +307,9 @@ def extrapolate(report: dict) -> dict:
     """Figures at 21,015,324 passages from those at ``num_vectors`` (linear in the data size).
 
     - start-up: the corpus and the vectors load in parallel, so the larger of the two grows with
-      the data, everything else (Python, CUDA, encoder) is fixed: ``ready + (f - 1) * max(corpus, vectors)``;
+      the data, everything else (Python, CUDA, encoder) is fixed: ``ready + (f - 1) * max(corpus, vectors)``
+      (an over-estimate: each part's seconds include its fixed share, e.g. waiting for the GIL while
+      the encoder's thread imports transformers);
     - host RSS: everything but the resident pages of the mapped corpus (torch, CUDA context,
       libraries, encoder, staging buffers) is fixed, those pages grow with the data:
       ``VmRSS - data_mapped + f * data_mapped`` (``data_mapped`` from ``/proc/<pid>/smaps``);
@@ -439,6 +441,11 @@ def main(argv=None) -> None:
                    "retriever": {"num_vectors": args.num_vectors, "dim": args.dim, "metric": "inner product",
                                  "encoder": f"BERT e5-base shape, {args.encoder_layers} layers, random weights",
                                  "index": "Flat (synthetic clustered unit vectors)"}})
+    import faiss
+    import pyarrow
+
+    report["versions"] = {"faiss": faiss.__version__, "faiss_gpu_build": hasattr(faiss, "StandardGpuResources"),
+                          "pyarrow": pyarrow.__version__, "numpy": np.__version__}
     stages = args.stages.split(",")
     queries = scale_data.synthetic_queries(scale_data.tokenizer_words(tokenizer), 4096)
     for stage in STAGES:
