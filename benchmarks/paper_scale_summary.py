@@ -45,19 +45,26 @@ def summarize_run(path: Path, num_gpus: int) -> dict:
     return out
 
 
+def _describe_model(folder: str) -> str:
+    bias = Path(folder) / "search_bias.json"
+    if bias.exists():
+        return f"{folder}: Qwen2.5-3B shape, random weights biased to search ({bias.read_text().strip()})"
+    return folder
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs_dir", required=True, type=Path)
     p.add_argument("--batch", type=int, required=True, help="prompts per step (data.train_batch_size)")
     p.add_argument("--max_prompt_length", type=int, default=4096)
     p.add_argument("--num_gpus", type=int, default=1)
+    p.add_argument("--model", default="/tmp/q3b-search", help="the policy folder (described in the report)")
     p.add_argument("--output", required=True, type=Path)
     args = p.parse_args(argv)
     runs = {}
     for metrics in sorted(args.runs_dir.glob("*/metrics.jsonl")):
         runs[metrics.parent.name] = {"max_prompt_length": args.max_prompt_length, "train_batch_size": args.batch,
-                                     "num_gpus": args.num_gpus, "model": "Qwen2.5-3B shape, random weights "
-                                     "biased to search (benchmarks/paper_scale_prep.py)",
+                                     "num_gpus": args.num_gpus, "model": _describe_model(args.model),
                                      **summarize_run(metrics, args.num_gpus)}
     report = {"benchmark": "paper_scale_train", "meta": run_metadata(), "runs": runs}
     args.output.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,9 @@
 # Env: STEPS (3), ALGOS (grpo,ppo), BATCH (64 prompts = the paper's 512 over 8 GPUs; 512 = the whole
 # paper batch on one GPU, ~8x longer), MAX_TURNS (4; the paper uses 2-4), RUN_TIMEOUT (520 s per run),
 # GPU_MEM_UTIL (0.35: vLLM's share; the retriever holds ~18 GB), MAX_MODEL_LEN (unset: the config's;
-# set e.g. 4608 while rollout.max_model_len still defaults to 2048), EXTRA (more overrides).
+# set e.g. 4608 while rollout.max_model_len still defaults to 2048), EXTRA (more overrides),
+# MODEL + DATA (another policy and data folder, e.g. the real SmolLM2 with its chat-template data:
+# MODEL=$(python3 -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())') DATA=/tmp/paper_data_src).
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHON=python3
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
@@ -21,13 +23,15 @@ batch=${BATCH:-64}
 mkdir -p "$out/paper_train"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
 # 1. Model and data (kept in /tmp between calls on a warm machine).
-if [ ! -f /tmp/q3b-search/search_bias.json ]; then
+model=${MODEL:-/tmp/q3b-search}
+data=${DATA:-/tmp/paper_data}
+if [ -z "${MODEL:-}" ] && [ ! -f /tmp/q3b-search/search_bias.json ]; then
   tok=$(python3 -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())' | tail -1)
   python3 benchmarks/save_random_model.py --shape qwen2.5-3b --tokenizer "$tok" --out /tmp/q3b || exit 1
   python3 benchmarks/paper_scale_prep.py model --src /tmp/q3b --out /tmp/q3b-search || exit 1
   rm -rf /tmp/q3b
 fi
-if [ ! -f /tmp/paper_data/train.parquet ]; then
+if [ ! -f /tmp/paper_data/train.parquet ] || [ ! -f /tmp/paper_data_src/train.parquet ]; then
   python3 -c "from pathlib import Path; import scripts.quickstart as q; q.ensure_data(Path('/tmp/paper_data_src'), Path('example/qa'))" || exit 1
   python3 benchmarks/paper_scale_prep.py data --src /tmp/paper_data_src --out /tmp/paper_data || exit 1
 fi
@@ -60,8 +64,8 @@ read -r -a extra <<< "${EXTRA:-}"
 common+=("${extra[@]}")
 run_algo() {  # name script extra-overrides...
   local name=$1 script=$2; shift 2
-  echo "== $name: batch $batch, max_prompt_length 4096, $steps steps =="
-  N_GPUS=1 BASE_MODEL=/tmp/q3b-search DATA_DIR=/tmp/paper_data ROLLOUT_NAME=vllm \
+  echo "== $name: $model, batch $batch, max_prompt_length 4096, $steps steps =="
+  N_GPUS=1 BASE_MODEL="$model" DATA_DIR="$data" ROLLOUT_NAME=vllm \
     RETRIEVER_URL=http://127.0.0.1:8000/retrieve EXPERIMENT_NAME="paper-$name" CKPT_DIR="/tmp/ckpt-paper-$name" \
     timeout -k 10 "${RUN_TIMEOUT:-520}" bash "$script" "${common[@]}" trainer.log_dir="$out/paper_train/$name" "$@"
   echo "$name exit: $?"
@@ -70,7 +74,7 @@ algos=${ALGOS:-grpo,ppo}
 [[ ,$algos, == *,grpo,* ]] && run_algo grpo train_grpo.sh actor_rollout_ref.rollout.n=5
 [[ ,$algos, == *,ppo,* ]] && run_algo ppo train_ppo.sh critic.ppo_micro_batch_size=8 critic.model.use_remove_padding=true
 # 4. Summary JSON (rewritten with whatever runs have metrics so far).
-python3 benchmarks/paper_scale_summary.py --runs_dir "$out/paper_train" --batch "$batch" --max_prompt_length 4096 \
+python3 benchmarks/paper_scale_summary.py --runs_dir "$out/paper_train" --batch "$batch" --max_prompt_length 4096 --model "$model" \
   --output "$out/paper_scale_train.json" || true
 [ -n "$retriever_pid" ] && kill "$retriever_pid"
 nvidia-smi --query-gpu=memory.used --format=csv || true
