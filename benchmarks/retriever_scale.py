@@ -229,12 +229,9 @@ def _entry(name: str, search, queries, truth, memory_bytes: int, extra: dict) ->
 
 
 def stage_ann(args, files: dict, gpus: list[str], deadline: float) -> dict:
-    import faiss
-
-    from search_r1.search.ann import build_cagra, build_from_flat, exact_topk, sample_rows
-    from search_r1.search.faiss_gpu import faiss_has_cagra, faiss_has_gpu, flat_file_to_gpus, index_to_gpus
+    from search_r1.search.ann import exact_topk, sample_rows
+    from search_r1.search.faiss_gpu import faiss_has_cagra
     from search_r1.search.flat_file import open_flat_file
-    from search_r1.search.flat_shards import load_flat_shards
 
     flat = open_flat_file(files["vectors"])
     sub = dataclasses.replace(flat, ntotal=min(args.ann_vectors, flat.ntotal))  # a prefix of the rows
@@ -242,59 +239,86 @@ def stage_ann(args, files: dict, gpus: list[str], deadline: float) -> dict:
     queries = sample_rows(sub, 1024, seed=4)
     queries += 0.35 * rng.standard_normal(queries.shape).astype(np.float32) / np.sqrt(sub.dim)
     queries /= np.linalg.norm(queries, axis=1, keepdims=True)
-    device = gpus[0] if gpus else "cpu"
     start = time.perf_counter()
-    _, truth = exact_topk(sub, queries, 10, device)
+    _, truth = exact_topk(sub, queries, 10, gpus[0] if gpus else "cpu")
     out = {"num_vectors": sub.ntotal, "num_queries": len(queries), "exact_truth_s": time.perf_counter() - start,
-           "queries": "stored rows plus noise of the clusters' spread", "entries": []}
-    entries = out["entries"]
-    shards = load_flat_shards(sub, gpus or ["cpu"])
-    entries.append(_entry("Flat (torch)", shards.search, queries, truth, shards.nbytes,
-                          {"device": shards.devices, "build_s": 0.0}))
-    del shards
-    if gpus and faiss_has_gpu():
-        try:
-            gpu_flat = flat_file_to_gpus(sub, [0])
-            entries.append(_entry("Flat (FAISS GPU fp16)", gpu_flat.search, queries, truth,
-                                  sub.ntotal * sub.dim * 2, {"device": "faiss:cuda:0", "build_s": 0.0}))
-            del gpu_flat
-        except Exception as err:  # a broken GPU build must not cost the CPU entries
-            out["faiss_gpu_flat_error"] = f"{type(err).__name__}: {err}"[:2000]
+           "queries": "stored rows plus noise of the clusters' spread", "entries": [], "errors": {}}
+    _flat_entries(sub, queries, truth, gpus, out)
     nlist = args.ann_nlist
     for faiss_type in (f"IVF{nlist},Flat", f"IVF{nlist},PQ{args.pq_bytes}", f"HNSW{args.hnsw_m}"):
         if time.monotonic() > deadline:
             out.setdefault("skipped", []).append(faiss_type)
             continue
-        index, stats = build_from_flat(sub, faiss_type, log=lambda m: None)
-        memory = int(faiss.serialize_index(index).nbytes)
-        sweep = [("nprobe", v) for v in (16, 64)] if faiss_type.startswith("IVF") else [("efSearch", v) for v in (64, 256)]
-        for key, value in sweep:
-            faiss.ParameterSpace().set_index_parameter(index, key, value)
-            entries.append(_entry(faiss_type, index.search, queries, truth, memory,
-                                  {"device": "cpu", "params": {key: value}, **_rounded(stats)}))
-        if gpus and faiss_has_gpu() and faiss_type.startswith("IVF"):
-            try:
-                gpu_index = index_to_gpus(index, [0])
-                for key, value in sweep:
-                    faiss.GpuParameterSpace().set_index_parameter(gpu_index, key, value)
-                    entries.append(_entry(faiss_type + " (FAISS GPU)", gpu_index.search, queries, truth, memory,
-                                          {"device": "faiss:cuda:0", "params": {key: value}, **_rounded(stats)}))
-                del gpu_index
-            except Exception as err:
-                out.setdefault("faiss_gpu_errors", {})[faiss_type] = f"{type(err).__name__}: {err}"[:2000]
-        del index
+        _approximate_entries(sub, faiss_type, queries, truth, gpus, out)
     if gpus and faiss_has_cagra() and time.monotonic() < deadline:
-        try:
-            cpu_form, stats = build_cagra(sub, log=lambda m: None)
-            gpu_index = index_to_gpus(cpu_form, [0])
-            memory = sub.ntotal * (sub.dim * 4 + 32 * 4)
-            entries.append(_entry("CAGRA (cuVS, degree 32)", gpu_index.search, queries, truth, memory,
-                                  {"device": "faiss:cuda:0", **_rounded(stats)}))
-        except Exception as err:
-            out["cagra_error"] = f"{type(err).__name__}: {err}"[:2000]
-    for entry in entries:
+        _cagra_entry(sub, queries, truth, out)
+    for entry in out["entries"]:
         entry["memory_gib_at_21m"] = round(entry["memory_gib"] * WIKI18_PASSAGES / sub.ntotal, 2)
     return out
+
+
+def _error(err: Exception) -> str:
+    return f"{type(err).__name__}: {err}"[:2000]
+
+
+def _flat_entries(sub, queries, truth, gpus: list[str], out: dict) -> None:
+    """Exact search: torch shards (fp16 on GPUs, fp32 on the CPU) and FAISS's GPU Flat when present."""
+    from search_r1.search.faiss_gpu import faiss_has_gpu, flat_file_to_gpus
+    from search_r1.search.flat_shards import load_flat_shards
+
+    shards = load_flat_shards(sub, gpus or ["cpu"])
+    out["entries"].append(_entry("Flat (torch)", shards.search, queries, truth, shards.nbytes,
+                                 {"device": shards.devices, "build_s": 0.0}))
+    del shards
+    if gpus and faiss_has_gpu():
+        try:  # a broken GPU build must not cost the other entries
+            gpu_flat = flat_file_to_gpus(sub, [0])
+            out["entries"].append(_entry("Flat (FAISS GPU fp16)", gpu_flat.search, queries, truth,
+                                         sub.ntotal * sub.dim * 2, {"device": "faiss:cuda:0", "build_s": 0.0}))
+        except Exception as err:
+            out["errors"]["Flat (FAISS GPU)"] = _error(err)
+
+
+def _approximate_entries(sub, faiss_type: str, queries, truth, gpus: list[str], out: dict) -> None:
+    """Build one index type with the index builder's code, sweep its search parameter on the CPU
+    (and on the GPU for IVF with a FAISS GPU build)."""
+    import faiss
+
+    from search_r1.search.ann import build_from_flat
+    from search_r1.search.faiss_gpu import faiss_has_gpu, index_to_gpus
+
+    index, stats = build_from_flat(sub, faiss_type, log=lambda m: None)
+    memory = int(faiss.serialize_index(index).nbytes)
+    is_ivf = faiss_type.startswith("IVF")
+    sweep = [("nprobe", v) for v in (16, 64)] if is_ivf else [("efSearch", v) for v in (64, 256)]
+    for key, value in sweep:
+        faiss.ParameterSpace().set_index_parameter(index, key, value)
+        out["entries"].append(_entry(faiss_type, index.search, queries, truth, memory,
+                                     {"device": "cpu", "params": {key: value}, **_rounded(stats)}))
+    if gpus and faiss_has_gpu() and is_ivf:
+        try:
+            gpu_index = index_to_gpus(index, [0])
+            for key, value in sweep:
+                faiss.GpuParameterSpace().set_index_parameter(gpu_index, key, value)
+                out["entries"].append(_entry(faiss_type + " (FAISS GPU)", gpu_index.search, queries, truth, memory,
+                                             {"device": "faiss:cuda:0", "params": {key: value}, **_rounded(stats)}))
+        except Exception as err:
+            out["errors"][faiss_type + " (FAISS GPU)"] = _error(err)
+
+
+def _cagra_entry(sub, queries, truth, out: dict) -> None:
+    """cuVS CAGRA (graph degree 32) built on the GPU by the index builder's code."""
+    from search_r1.search.ann import build_cagra
+    from search_r1.search.faiss_gpu import index_to_gpus
+
+    try:
+        cpu_form, stats = build_cagra(sub, log=lambda m: None)
+        gpu_index = index_to_gpus(cpu_form, [0])
+        memory = sub.ntotal * (sub.dim * 4 + 32 * 4)  # float32 dataset + 32 neighbour ids per vector
+        out["entries"].append(_entry("CAGRA (cuVS, degree 32)", gpu_index.search, queries, truth, memory,
+                                     {"device": "faiss:cuda:0", **_rounded(stats)}))
+    except Exception as err:
+        out["errors"]["CAGRA"] = _error(err)
 
 
 def _rounded(stats: dict) -> dict:
@@ -307,7 +331,8 @@ def extrapolate(report: dict) -> dict:
     """Figures at 21,015,324 passages from those at ``num_vectors`` (linear in the data size).
 
     - start-up: the corpus and the vectors load in parallel, so the larger of the two grows with
-      the data, everything else (Python, CUDA, encoder) is fixed: ``ready + (f - 1) * max(corpus, vectors)``
+      the data, everything else (Python, CUDA, encoder) is fixed:
+      ``ready + (f - 1) * max(corpus, vectors)``
       (an over-estimate: each part's seconds include its fixed share, e.g. waiting for the GIL while
       the encoder's thread imports transformers);
     - host RSS: everything but the resident pages of the mapped corpus (torch, CUDA context,
@@ -321,7 +346,8 @@ def extrapolate(report: dict) -> dict:
     dim = report["retriever"]["dim"]
     f = WIKI18_PASSAGES / n
     corpus_bytes = report.get("gen", {}).get("passages", {}).get("bytes")
-    out = {"factor": round(f, 3), "corpus_text_gib_at_21m": round(corpus_bytes * f / 2**30, 2) if corpus_bytes else None}
+    out = {"factor": round(f, 3),
+           "corpus_text_gib_at_21m": round(corpus_bytes * f / 2**30, 2) if corpus_bytes else None}
 
     def start_at_21m(rec):
         parts = rec.get("load_s") or {}

@@ -81,13 +81,13 @@ def write_passages(path: str, num: int, words: list[str], words_per_passage: int
         length = int(rng.integers(words_per_passage * 3 // 4, words_per_passage * 5 // 4 + 1))
         pool.append(json.dumps(" ".join(vocab[rng.integers(0, len(vocab), length)]))[1:-1])
     titles = [json.dumps(" ".join(vocab[rng.integers(0, len(vocab), 2)]).title())[1:-1] for _ in range(4096)]
+    line = '{"id": "%d", "contents": "\\"%s %d\\"\\n%s"}\n'  # contents: "Title N"\nbody, JSON-escaped
     start = time.perf_counter()
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
         for lo in range(0, num, 100_000):
-            handle.write("".join(
-                '{"id": "%d", "contents": "\\"%s %d\\"\\n%s"}\n' % (i, titles[i % 4096], i, pool[(i * 7919) % len(pool)])
-                for i in range(lo, min(lo + 100_000, num))))
+            handle.write("".join(line % (i, titles[i % 4096], i, pool[(i * 7919) % len(pool)])
+                                 for i in range(lo, min(lo + 100_000, num))))
     os.replace(tmp, path)
     return {"seconds": time.perf_counter() - start, "bytes": os.path.getsize(path), "rows": num,
             "words_per_passage": words_per_passage, "distinct_bodies": len(pool)}
