@@ -337,7 +337,8 @@ def extrapolate(report: dict) -> dict:
       the encoder's thread imports transformers);
     - host RSS: everything but the resident pages of the mapped corpus (torch, CUDA context,
       libraries, encoder, staging buffers) is fixed, those pages grow with the data:
-      ``VmRSS - data_mapped + f * data_mapped`` (``data_mapped`` from ``/proc/<pid>/smaps``);
+      ``VmRSS - data_mapped + f * data_mapped`` (``data_mapped`` from ``/proc/<pid>/smaps``), plus,
+      for the CPU backend, the float32 vectors held in host memory;
     - GPU memory: the fp16 vectors grow, the rest is fixed;
     - QPS at 256 callers: the server's search time per query grows with the rows, encode and HTTP do
       not; no overlap between them is assumed (conservative): ``1 / (1/qps + (f - 1) * search)``.
@@ -356,7 +357,9 @@ def extrapolate(report: dict) -> dict:
 
     def rss_at_21m(rec):
         mem = rec["host_memory_gib"]
-        return round(mem.get("VmRSS", 0) + (f - 1) * mem.get("data_mapped", 0), 2)
+        # Served on the CPU, the float32 vectors are host memory too, and grow with the rows.
+        vectors = n * dim * 4 / 2**30 if rec.get("backend") == "cpu" else 0.0
+        return round(mem.get("VmRSS", 0) + (f - 1) * (mem.get("data_mapped", 0) + vectors), 2)
 
     for name, rec in report.get("start", {}).items():
         out[f"start_{name}_s"] = start_at_21m(rec)
@@ -368,7 +371,8 @@ def extrapolate(report: dict) -> dict:
         out[f"start_warm_{backend}_s"] = start_at_21m(warm)
         out[f"host_rss_warm_{backend}_gib"] = rss_at_21m(warm)
         if "host_memory_after_gib" in res:
-            out[f"host_rss_after_load_{backend}_gib"] = rss_at_21m({"host_memory_gib": res["host_memory_after_gib"]})
+            after = {"host_memory_gib": res["host_memory_after_gib"], "backend": backend}
+            out[f"host_rss_after_load_{backend}_gib"] = rss_at_21m(after)
         if warm.get("gpu_memory_gib") is not None:
             vectors_gib = n * dim * 2 / 2**30
             out[f"gpu_memory_{backend}_gib"] = round(warm["gpu_memory_gib"] + (f - 1) * vectors_gib, 2)
