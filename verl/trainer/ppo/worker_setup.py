@@ -30,10 +30,12 @@ def padded_call(group, method: str, batch):
     return unpad_dataproto(output, pad_size) if output is not None and len(output) else output
 
 
-def _role_specs(cfg: DictConfig) -> dict[str, Any]:
+def _role_specs(cfg: DictConfig, rollout_only: bool = False) -> dict[str, Any]:
     from verl.single_controller.base.host import ClassWithInitArgs
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
+    if rollout_only:  # evaluation: the engine alone (no FSDP actor, optimizer, reference or critic)
+        return {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role="rollout")}
     actor_role = "actor_rollout_ref" if needs_reference(cfg) else "actor_rollout"
     roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
                                                 role=actor_role)}
@@ -81,11 +83,14 @@ def _use_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def build_worker_groups(cfg: DictConfig) -> WorkerHandles:
-    """Start and initialise the worker groups (critic first, so the actor's engine gets what is left)."""
+def build_worker_groups(cfg: DictConfig, rollout_only: bool = False) -> WorkerHandles:
+    """Start and initialise the worker groups (critic first, so the actor's engine gets what is left).
+
+    ``rollout_only`` (evaluation) starts only the rollout engines, one per rank, as ``actor_rollout``.
+    """
     from verl.single_controller.base.host import create_colocated_worker_cls
 
-    roles = _role_specs(cfg)
+    roles = _role_specs(cfg, rollout_only)
     group = _start_group(cfg, create_colocated_worker_cls(roles))
     groups = group.spawn(prefix_set=list(roles))
     critic = groups.get("critic")
@@ -102,5 +107,6 @@ def build_worker_groups(cfg: DictConfig) -> WorkerHandles:
 
             ray.shutdown()
 
-    return WorkerHandles(actor_rollout=actor_rollout, ref=actor_rollout if needs_reference(cfg) else None,
+    ref = actor_rollout if needs_reference(cfg) and not rollout_only else None
+    return WorkerHandles(actor_rollout=actor_rollout, ref=ref,
                          critic=critic, call=padded_call, shutdown=shutdown)
