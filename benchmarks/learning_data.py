@@ -9,7 +9,8 @@ train, MuSiQue train. Validation (``VAL_COUNTS``, 1,000 questions): for NQ, Triv
 HotpotQA a seeded sample of that same pool (held out of training); for 2Wiki and MuSiQue dev, whose
 questions the corpus links none of, a seeded sample of the whole file; Bamboogle whole (100). No
 training question has the normalised text (SQuAD normalisation) of a validation question, and no
-question is trained on twice.
+question is trained on twice. Validation also leaves out every question of ``example/qa/*/train*.jsonl``,
+where the SFT warm start (``scripts/make_sft_data.py``) takes its demonstrations.
 
 Writes, under ``--out``: ``qa/<source>/{train,test}.jsonl`` (FlashRAG rows), then ``train.parquet`` and
 ``test.parquet`` through ``scripts/data_process/qa_search_{train,test}_merge.py``; ``corpus.jsonl``
@@ -63,8 +64,15 @@ def _qa_row(row: dict) -> dict:
     return {"id": str(row["id"]), "question": row["question"], "golden_answers": list(row["golden_answers"])}
 
 
-def select(qa_dir: Path, seed: int, val_counts: dict[str, int] = VAL_COUNTS) -> dict[str, dict[str, list[dict]]]:
-    """``{source: {"train": rows, "test": rows}}``; validation first, then training without its questions.
+def warm_start_questions(example_qa: Path = ROOT / "example" / "qa") -> set[str]:
+    """Normalised questions the SFT warm start may have seen (its demonstrations' source files)."""
+    return {question_key(r["question"]) for path in sorted(example_qa.glob("*/train*.jsonl")) for r in read_jsonl(path)}
+
+
+def select(qa_dir: Path, seed: int, val_counts: dict[str, int] = VAL_COUNTS,
+           exclude: frozenset[str] = frozenset()) -> dict[str, dict[str, list[dict]]]:
+    """``{source: {"train": rows, "test": rows}}``; validation first (never a question of ``exclude``),
+    then training without the validation questions.
 
     Raises:
         ValueError: a source has fewer candidates than its validation count.
@@ -73,7 +81,8 @@ def select(qa_dir: Path, seed: int, val_counts: dict[str, int] = VAL_COUNTS) -> 
     val: dict[str, list[dict]] = {}
     for source in SOURCES:
         _, val_file, linked_only = POOLS[source]
-        rows = [r for r in read_jsonl(qa_dir / val_file) if not linked_only or r.get("answer_in_linked_passages")]
+        rows = [r for r in read_jsonl(qa_dir / val_file) if (not linked_only or r.get("answer_in_linked_passages"))
+                and question_key(r["question"]) not in exclude]
         rows = _unique(sorted(rows, key=lambda r: str(r["id"])))
         if len(rows) < val_counts[source]:
             raise ValueError(f"{val_file}: {len(rows)} candidates for {val_counts[source]} validation questions")
@@ -124,7 +133,8 @@ def write_corpus(corpus_dir: Path, out: Path) -> dict[str, int]:
 
 def build(shared: Path, out: Path, seed: int) -> dict:
     """Everything in the module docstring; returns the ``selection.json`` content."""
-    selection = select(shared / "qa", seed)
+    warm_start = frozenset(warm_start_questions())
+    selection = select(shared / "qa", seed, exclude=warm_start)
     write_qa(selection, out / "qa")
     train_sources = ",".join(s for s in SOURCES if selection[s]["train"])
     script = ROOT / "scripts" / "data_process"
@@ -134,6 +144,7 @@ def build(shared: Path, out: Path, seed: int) -> dict:
                         "--data_sources", sources, "--strict"], check=True, env=env, capture_output=True)
     corpus = write_corpus(shared / "corpus", out / "corpus.jsonl")
     summary = {"seed": seed, "shared": str(shared), "corpus_passages": corpus,
+               "excluded_from_validation": {"warm_start_questions": len(warm_start)},
                "counts": {s: {split: len(rows) for split, rows in selection[s].items()} for s in SOURCES},
                "rules": __doc__.split("\n\n")[2]}
     summary["totals"] = {split: sum(c[split] for c in summary["counts"].values()) for split in ("train", "test")}

@@ -41,6 +41,7 @@ def test_validation_is_disjoint_from_training(built):
     train, test = _rows(built / "train.parquet"), _rows(built / "test.parquet")
     train_q, test_q = _questions(train), _questions(test)
     assert not set(train_q) & set(test_q)
+    assert not set(test_q) & learning_data.warm_start_questions()  # nor seen by the SFT warm start
     assert len(set(train_q)) == len(train_q) and len(set(test_q)) == len(test_q)  # nothing twice
 
 
