@@ -185,26 +185,19 @@ def prepare_data(args, work_dir: Path) -> Path:
 
 def start_retriever(args, data: Path, work_dir: Path):
     """A retrieval server over ``data/corpus.jsonl`` (index built once under ``<work_dir>/indexes``)."""
-    import learning_ceiling
     from search_r1.search.launcher import launch_server
 
     corpus, index_dir = data / "corpus.jsonl", work_dir / "indexes"
-    index_dir.mkdir(parents=True, exist_ok=True)
-    if args.retriever == "dense":
-        learning_ceiling.build_indexes(corpus, index_dir)
-        server_args = ["--retriever_name", "minilm", "--index_path", str(index_dir / "minilm_Flat.index")]
-    else:
-        _bm25_only(corpus, index_dir)
-        server_args = ["--retriever_name", "bm25", "--index_path", str(index_dir / "bm25")]
-    return launch_server([*server_args, "--corpus_path", str(corpus), "--topk", "3"], startup_timeout=600)
-
-
-def _bm25_only(corpus: Path, index_dir: Path) -> None:
-    from search_r1.search.index_builder import build_bm25
-
-    if not (index_dir / "bm25" / "DONE").exists():
-        build_bm25(str(corpus), str(index_dir))
-        (index_dir / "bm25" / "DONE").write_text("ok\n")
+    method = "minilm" if args.retriever == "dense" else "bm25"
+    index = index_dir / ("minilm_Flat.index" if method == "minilm" else "bm25")
+    if not Path(f"{index}.DONE").exists():
+        # in a child process: this one never holds GPU memory while the trainer runs
+        subprocess.run([sys.executable, "-m", "search_r1.search.index_builder", "--retrieval_method", method,
+                        "--corpus_path", str(corpus), "--save_dir", str(index_dir), "--batch_size", "256"],
+                       cwd=ROOT, env=child_env(args, "", "", data), check=True)
+        Path(f"{index}.DONE").write_text("ok\n")
+    return launch_server(["--retriever_name", method, "--index_path", str(index), "--corpus_path", str(corpus),
+                          "--topk", "3"], startup_timeout=600)
 
 
 def one_call(args) -> bool:
@@ -362,7 +355,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results"), help="where learning_<algo>.json goes")
     parser.add_argument("--data", default=str(ROOT / "data" / "learning"), help="a benchmarks/learning_data.py output")
     parser.add_argument("--model", default=None, help="initial policy (default: the SFT warm start)")
-    parser.add_argument("--retriever", choices=("bm25", "dense"), default="bm25")
+    parser.add_argument("--retriever", choices=("bm25", "dense"), default="bm25",
+                        help="bm25 (no encoder wheel to carry) or dense: MiniLM Flat, a slightly higher ceiling "
+                             "(benchmarks/results/learning_ceiling.json)")
     parser.add_argument("--reward", choices=("format", "em"), default="format",
                         help="format: Search-R1's qa_em_format (EM 1, format 0.2, retrieval 0.1); em: plain EM")
     parser.add_argument("--eval_max_per_source", type=int, default=None, help="evaluate.sh --max_per_source")

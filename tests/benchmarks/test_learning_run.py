@@ -64,7 +64,7 @@ def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, ca
     argv = ["--algo", "gae", "--steps", "2", "--eval_steps", "0,2", "--save_freq", "1", "--profile", "cpu",
             "--model", tiny_qwen_path, "--eval_max_per_source", "1", "--work_dir", str(tmp_path / "work"),
             "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data"), "--budget_s", "1500",
-            "--min_train_s", "0"]
+            "--min_train_s", "0", "--retriever", "bm25"]
     assert learning_run.main([*argv, "--max_new_steps", "1"]) == 3  # stopped after one checkpointed step
     run = learning_run.Run(tmp_path / "work", "gae")
     assert run.latest_step() == 1 and run.evaluation(0).exists() and not run.evaluation(2).exists()
