@@ -117,3 +117,17 @@ def to_plain(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
     return value
+
+
+def replace_key(obj: T, key: str, value: Any) -> T:
+    """A copy of dataclass ``obj`` with the dotted ``key`` set to ``value`` (frozen configs are not
+    changed in place; derived configs are new objects).
+
+    Raises:
+        AttributeError: ``key`` names no field.
+    """
+    head, _, rest = key.partition(".")
+    if not any(f.name == head for f in dataclasses.fields(obj)):
+        raise AttributeError(f"{type(obj).__name__} has no field {head!r}")
+    new = replace_key(getattr(obj, head), rest, value) if rest else value
+    return dataclasses.replace(obj, **{head: new})

@@ -17,6 +17,7 @@ from omegaconf import DictConfig
 
 from search_r1.search.config import RetrieverConfig
 from verl.algorithms.config import AlgorithmConfig
+from verl.trainer.evaluation.config import EvaluationConfig
 from verl.utils.config import to_typed
 from verl.utils.dataset.config import DataConfig
 from verl.utils.host_memory import HostMemoryConfig
@@ -99,6 +100,8 @@ class PPOConfig:
     """advantage estimator and in-reward KL"""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """the training loop"""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """`bash evaluate.sh` (verl/trainer/main_eval.py)"""
     max_turns: int = 2
     """maximum generate -> search rounds per trajectory (Search-R1's scripts: 2 to 4)"""
     do_search: bool = True

@@ -15,11 +15,14 @@ from verl.trainer.ppo.ray_trainer import WorkerHandles
 from verl.trainer.ppo.run_plan import RunPlan
 
 
-def _role_specs(cfg: PPOConfig, plan: RunPlan) -> dict[str, Any]:
+def _role_specs(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = False) -> dict[str, Any]:
     from verl.single_controller.base.host import ClassWithInitArgs
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
     run = plan.worker_run(cfg)
+    if rollout_only:  # evaluation: the engine alone (no FSDP actor, optimizer, reference or critic)
+        return {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
+                                                   role="rollout", run=run)}
     actor_role = "actor_rollout_ref" if plan.needs_reference else "actor_rollout"
     roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
                                                 role=actor_role, run=run)}
@@ -67,11 +70,14 @@ def _use_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def build_worker_groups(cfg: PPOConfig, plan: RunPlan) -> WorkerHandles:
-    """Start and initialise the worker groups (critic first, so the actor's engine gets what is left)."""
+def build_worker_groups(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = False) -> WorkerHandles:
+    """Start and initialise the worker groups (critic first, so the actor's engine gets what is left).
+
+    ``rollout_only`` (evaluation) starts only the rollout engines, one per rank, as ``actor_rollout``.
+    """
     from verl.single_controller.base.host import create_colocated_worker_cls
 
-    roles = _role_specs(cfg, plan)
+    roles = _role_specs(cfg, plan, rollout_only)
     group = _start_group(cfg, plan, create_colocated_worker_cls(roles))
     groups = group.spawn(prefix_set=list(roles))
     critic = groups.get("critic")
@@ -88,5 +94,5 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan) -> WorkerHandles:
 
             ray.shutdown()
 
-    return WorkerHandles(actor_rollout=actor_rollout, ref=actor_rollout if plan.needs_reference else None,
-                         critic=critic, shutdown=shutdown)
+    ref = actor_rollout if plan.needs_reference and not rollout_only else None
+    return WorkerHandles(actor_rollout=actor_rollout, ref=ref, critic=critic, shutdown=shutdown)
