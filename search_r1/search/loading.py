@@ -23,10 +23,12 @@ from .index_meta import IndexMeta, check_corpus, check_encoder
 GPU_SEARCH_CHOICES = ("auto", "faiss", "torch")
 
 
-def resolve_gpu_search(choice: str) -> str:
+def resolve_gpu_search(choice: str, inner_product_flat: bool = False) -> str:
     """``faiss`` or ``torch``: who searches on the GPUs for ``--gpu_search choice``.
 
-    ``auto`` is FAISS's own GPU indexes when the installed FAISS is a GPU build, else torch.
+    ``auto``: torch's fp16 shards for a Flat inner-product index (faster through the server than
+    FAISS's GPU Flat, docs/benchmarks.md "Paper scale"), FAISS's own GPU indexes for any other type
+    when the installed FAISS is a GPU build, else torch.
 
     Raises:
         ValueError: an unknown choice, or ``faiss`` without a GPU build of FAISS.
@@ -40,7 +42,7 @@ def resolve_gpu_search(choice: str) -> str:
         raise ValueError(f"gpu_search 'faiss' needs a GPU build of FAISS (faiss-gpu-cuvs); the installed "
                          f"faiss {faiss.__version__} has no GPU support or sees no GPU")
     if choice == "auto":
-        return "faiss" if has_gpu_faiss else "torch"
+        return "faiss" if has_gpu_faiss and not inner_product_flat else "torch"
     return choice
 
 
@@ -66,11 +68,13 @@ def load_dense_index(index_path: str, corpus_path: str, use_gpu: bool = False,
     gpus = visible_gpus() if use_gpu else []
     if use_gpu and not gpus:
         raise RuntimeError(f"--faiss_gpu given but no GPU is visible (serving {index_path})")
-    backend = resolve_gpu_search(gpu_search) if use_gpu else "cpu"
+    if gpu_search not in GPU_SEARCH_CHOICES:
+        raise ValueError(f"gpu_search must be one of {GPU_SEARCH_CHOICES}, got {gpu_search!r}")
     meta = IndexMeta.load(index_path)
     with ThreadPoolExecutor(1, thread_name_prefix="corpus") as pool:
         corpus_job = pool.submit(_timed, load_corpus, corpus_path)
-        (vectors, faiss_gpus), vectors_s = _timed(_load_vectors, index_path, backend, gpus, meta)
+        (vectors, faiss_gpus), vectors_s = _timed(_load_vectors, index_path, gpu_search if use_gpu else None,
+                                                  gpus, meta)
         corpus, corpus_s = corpus_job.result()
     check_corpus(meta, corpus.fingerprint(), int(vectors.ntotal), index_path, corpus_path)
     dense = DenseIndex(vectors, corpus, faiss_gpus=faiss_gpus)
@@ -83,12 +87,14 @@ def _timed(fn, *args):
     return fn(*args), time.perf_counter() - start
 
 
-def _load_vectors(index_path: str, backend: str, gpus: list[str], meta: IndexMeta | None):
-    """``(FlatShards or FAISS index, FAISS GPU ids or None)`` for ``backend`` cpu | torch | faiss."""
+def _load_vectors(index_path: str, gpu_search: str | None, gpus: list[str], meta: IndexMeta | None):
+    """``(FlatShards or FAISS index, FAISS GPU ids or None)``: on the CPU (``gpu_search`` None) or
+    on the GPUs by the backend :func:`resolve_gpu_search` picks."""
     import faiss
 
     flat = open_flat_file(index_path)
     inner_product_flat = flat is not None and flat.metric_type == METRIC_INNER_PRODUCT
+    backend = "cpu" if gpu_search is None else resolve_gpu_search(gpu_search, inner_product_flat)
     params = meta.search_params if meta is not None else None
     if backend == "torch" or (backend == "cpu" and inner_product_flat):
         if not inner_product_flat:

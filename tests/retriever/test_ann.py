@@ -130,3 +130,14 @@ def test_gpu_search_choice_is_checked():
         with pytest.raises(ValueError, match="needs a GPU build of FAISS"):
             resolve_gpu_search("faiss")
 
+
+
+def test_auto_gpu_search_keeps_flat_on_torch_and_gives_other_indexes_to_faiss_gpu(monkeypatch):
+    """With a GPU build of FAISS installed, ``auto`` still serves a Flat inner-product index from
+    torch's fp16 shards (faster through the server) and any other type with FAISS's GPU indexes."""
+    from search_r1.search import loading
+
+    monkeypatch.setattr(loading, "faiss_has_gpu", lambda: True)
+    assert loading.resolve_gpu_search("auto", inner_product_flat=True) == "torch"
+    assert loading.resolve_gpu_search("auto", inner_product_flat=False) == "faiss"
+    assert loading.resolve_gpu_search("faiss", inner_product_flat=True) == "faiss"
