@@ -32,6 +32,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from search_r1.prompts import ENVIRONMENT_TEXT
 from verl.trainer.ppo import checkpointing
 from verl.trainer.sft_config import SFTConfig
 from verl.utils import fsdp_utils, lora
@@ -115,7 +116,8 @@ class FSDPSFTTrainer:
         files = [files] if isinstance(files, str) else list(files)
         data = self.config.data
         return SFTDataset([os.path.expanduser(f) for f in files], self.tokenizer, data.max_length,
-                          data.truncation, data.messages_key, data.prompt_key, data.response_key)
+                          data.truncation, data.messages_key, data.prompt_key, data.response_key,
+                          environment_text=ENVIRONMENT_TEXT)
 
     def _build_model(self) -> torch.nn.Module:
         model_cfg = self.config.model
