@@ -28,6 +28,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from verl.algorithms import registry
 from verl.algorithms.masked import masked_whiten
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -58,10 +59,8 @@ def register_adv_est(name: str, *, needs_critic: bool = False,
     """
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
-        existing = ADV_ESTIMATOR_REGISTRY.get(name)
-        if existing is not None and existing.fn is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered ({existing.fn.__qualname__})")
-        ADV_ESTIMATOR_REGISTRY[name] = AdvantageEstimator(fn, needs_critic=needs_critic, needs_groups=needs_groups)
+        registry.add(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name,
+                     AdvantageEstimator(fn, needs_critic=needs_critic, needs_groups=needs_groups))
         return fn
 
     return decorator
@@ -73,9 +72,7 @@ def get_adv_estimator(name: str) -> AdvantageEstimator:
     Raises:
         ValueError: unknown name, listing the known ones.
     """
-    if name not in ADV_ESTIMATOR_REGISTRY:
-        raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATOR_REGISTRY)}")
-    return ADV_ESTIMATOR_REGISTRY[name]
+    return registry.lookup(ADV_ESTIMATOR_REGISTRY, "advantage estimator", name)
 
 
 def get_adv_estimator_fn(name: str) -> AdvantageFn:

@@ -21,6 +21,7 @@ from typing import Any, Callable
 
 import torch
 
+from verl.algorithms import registry
 from verl.algorithms.masked import agg_loss, masked_mean
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
@@ -46,10 +47,7 @@ def register_policy_loss(name: str, *, loss_agg_modes: tuple[str, ...] | None = 
     """
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        existing = POLICY_LOSS_REGISTRY.get(name)
-        if existing is not None and existing.fn is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered ({existing.fn.__qualname__})")
-        POLICY_LOSS_REGISTRY[name] = PolicyLoss(fn, loss_agg_modes)
+        registry.add(POLICY_LOSS_REGISTRY, "policy loss", name, PolicyLoss(fn, loss_agg_modes))
         return fn
 
     return decorator
@@ -61,9 +59,7 @@ def get_policy_loss(name: str) -> PolicyLoss:
     Raises:
         ValueError: unknown name, listing the known ones.
     """
-    if name not in POLICY_LOSS_REGISTRY:
-        raise ValueError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSS_REGISTRY)}")
-    return POLICY_LOSS_REGISTRY[name]
+    return registry.lookup(POLICY_LOSS_REGISTRY, "policy loss", name)
 
 
 def get_policy_loss_fn(name: str) -> PolicyLossFn:
