@@ -46,7 +46,7 @@ import shutil
 import string
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,19 +62,20 @@ class Recipe:
 
     seed: int = 0
     group_size: int = 8              # 1 positive + 7 negatives per group
+    random_negatives: int = 3        # of the 7: passages drawn from the whole corpus (the rest: hard)
     groups_per_step: int = 4
     epochs: int = 1
-    lr: float = 5e-5                 # encoder
+    lr: float = 1e-4                 # encoder
     head_lr: float = 1e-3            # the new classifier (a 384 -> 1 layer initialised near 0)
     warmup_ratio: float = 0.1
     weight_decay: float = 0.01
     max_length: int = 192            # query + 100-word passage fits in ~170 word pieces
     bm25_candidates: int = 20        # BM25 passages mined per training question
     num_weak_questions: int = 1000   # AmbigQA train questions (distant supervision); 0 = none
-    validation_every: int = 10       # every n-th gold-labelled question is held out
+    validation_every: int = 5        # every n-th gold-labelled question is held out
+    freeze_embeddings: bool = True   # the 12M word-embedding weights stay as shipped (faster steps)
     max_steps: int | None = None     # stop early (test fixtures); None = all groups
     log_every: int = 25
-    extra: dict = field(default_factory=dict)
 
 
 def shared_data_dir() -> Path:
@@ -148,8 +149,8 @@ def labelled_questions(data: Path, corpus: dict[str, str], bm25: BM25, recipe: R
         pool = list(dict.fromkeys(row.get("context_passage_ids", []) + top))
         negatives = [p for p in pool if p not in positives and not holds_answer(row["golden_answers"], corpus[p])]
         split = "validation" if _bucket(row["id"]) % recipe.validation_every == 0 else "train"
-        out[split].append({"id": row["id"], "question": row["question"], "positives": positives,
-                           "negatives": negatives, "supervision": "gold"})
+        out[split].append({"id": row["id"], "question": row["question"], "answers": row["golden_answers"],
+                           "positives": positives, "negatives": negatives, "supervision": "gold"})
     out["train"] += weak_questions(data, corpus, bm25, banned, recipe)
     return out
 
@@ -167,23 +168,33 @@ def weak_questions(data: Path, corpus: dict[str, str], bm25: BM25, banned: set[s
             positives = [p for p in top if holds_answer(row["golden_answers"], corpus[p])]
             negatives = [p for p in top if p not in positives]
             if positives and len(negatives) >= recipe.group_size - 1:
-                out.append({"id": row["id"], "question": row["question"], "positives": positives[:2],
+                out.append({"id": row["id"], "question": row["question"], "answers": row["golden_answers"],
+                            "positives": positives[:2],
                             "negatives": negatives, "supervision": "answer_in_passage"})
             if len(out) == recipe.num_weak_questions:
                 return out
     return out
 
 
-def make_groups(questions: list[dict], recipe: Recipe, rng: random.Random) -> list[tuple[str, list[str]]]:
-    """``(question, [positive, negative x (group_size - 1)])`` per positive; hardest negatives
-    (first in BM25 order, distractors first) are sampled from the top of the pool."""
+def make_groups(questions: list[dict], corpus: dict[str, str], recipe: Recipe,
+                rng: random.Random) -> list[tuple[str, list[str]]]:
+    """``(question, [positive, negative x (group_size - 1)])`` per positive: ``random_negatives``
+    passages from the whole corpus (easy ones, which give the fresh head a signal from the first
+    steps) and hard ones sampled from the top of the question's pool (distractors, then BM25 order)."""
+    num_hard = recipe.group_size - 1 - recipe.random_negatives
+    ids = list(corpus)
     groups = []
     for q in questions:
-        if len(q["negatives"]) < recipe.group_size - 1:
+        if len(q["negatives"]) < num_hard:
             continue
         for positive in q["positives"]:
-            pool = q["negatives"][:3 * recipe.group_size]
-            groups.append((q["question"], [positive, *rng.sample(pool, recipe.group_size - 1)]))
+            hard = rng.sample(q["negatives"][:3 * recipe.group_size], num_hard)
+            easy = []
+            while len(easy) < recipe.random_negatives:
+                pid = rng.choice(ids)
+                if pid not in q["positives"] and pid not in hard and not holds_answer(q["answers"], corpus[pid]):
+                    easy.append(pid)
+            groups.append((q["question"], [positive, *hard, *easy]))
     rng.shuffle(groups)
     return groups
 
@@ -197,8 +208,11 @@ def train(model, tokenizer, groups: list[tuple[str, list[str]]], corpus: dict[st
 
     steps = math.ceil(len(groups) / recipe.groups_per_step) * recipe.epochs
     steps = min(steps, recipe.max_steps) if recipe.max_steps else steps
-    head = [p for name, p in model.named_parameters() if name.startswith("classifier.")]
-    body = [p for name, p in model.named_parameters() if not name.startswith("classifier.")]
+    if recipe.freeze_embeddings:
+        model.base_model.embeddings.word_embeddings.weight.requires_grad_(False)
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    head = [p for name, p in trainable if name.startswith("classifier.")]
+    body = [p for name, p in trainable if not name.startswith("classifier.")]
     optimizer = torch.optim.AdamW([{"params": body, "lr": recipe.lr}, {"params": head, "lr": recipe.head_lr}],
                                   weight_decay=recipe.weight_decay)
     warmup = max(1, int(recipe.warmup_ratio * steps))
@@ -230,19 +244,20 @@ def train(model, tokenizer, groups: list[tuple[str, list[str]]], corpus: dict[st
 
 
 def validate(model_dir: str, questions: list[dict], corpus: dict[str, str], bm25: BM25, k: int = 10) -> dict:
-    """Recall@3 of a gold passage among BM25's top ``k``, in BM25 order vs reranked."""
+    """Recall@3 and MRR@``k`` of a gold passage among BM25's top ``k``, in BM25 order vs reranked."""
     from search_r1.search.reranker import CrossEncoderReranker, pair_text
 
     reranker = CrossEncoderReranker(model_dir, device="cpu", batch_size=32)
     tops = bm25.top([q["question"] for q in questions], k)
-    before = after = 0
+    sums = {"recall@3_bm25": 0.0, "recall@3_reranked": 0.0, "mrr_bm25": 0.0, "mrr_reranked": 0.0}
     for q, top in zip(questions, tops):
         scores = reranker.score([q["question"]] * len(top), [pair_text(corpus[p]) for p in top])
         reranked = [top[i] for i in (-scores).argsort(kind="stable")]
-        before += any(p in q["positives"] for p in top[:3])
-        after += any(p in q["positives"] for p in reranked[:3])
+        for name, order in (("bm25", top), ("reranked", reranked)):
+            sums[f"recall@3_{name}"] += any(p in q["positives"] for p in order[:3])
+            sums[f"mrr_{name}"] += next((1.0 / r for r, p in enumerate(order, 1) if p in q["positives"]), 0.0)
     n = max(1, len(questions))
-    return {"questions": len(questions), "bm25_top": k, "recall@3_bm25": before / n, "recall@3_reranked": after / n}
+    return {"questions": len(questions), "bm25_top": k, **{key: value / n for key, value in sums.items()}}
 
 
 def build(target: Path, recipe: Recipe, data: Path | None = None, log=print) -> Path:
@@ -264,7 +279,7 @@ def build(target: Path, recipe: Recipe, data: Path | None = None, log=print) -> 
     corpus = load_corpus(data)
     bm25 = BM25(corpus)
     questions = labelled_questions(data, corpus, bm25, recipe)
-    groups = make_groups(questions["train"], recipe, random.Random(recipe.seed))
+    groups = make_groups(questions["train"], corpus, recipe, random.Random(recipe.seed))
     log(f"build_reranker: {len(questions['train'])} training questions, {len(groups)} groups, "
         f"{len(questions['validation'])} held out")
     base = minilm_dir()
