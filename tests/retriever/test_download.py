@@ -14,6 +14,7 @@ import hashlib
 import http.server
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -105,6 +106,8 @@ def hub(tmp_path):
     yield server
     server.shutdown()
     server.server_close()
+    for child in tmp_path.iterdir():  # ~120 MB of index copies: do not leave them in pytest's temp base
+        shutil.rmtree(child) if child.is_dir() else child.unlink()
 
 
 def run_download(hub, tmp_path, *args, check=True):

@@ -60,15 +60,17 @@ def test_scores_do_not_depend_on_batching(small_reranker):
 
 def test_two_label_models_score_log_odds_and_more_labels_are_refused(tmp_path):
     import torch
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     from search_r1.search.reranker import CrossEncoderReranker
     from verl.utils.model_zoo import minilm_dir
 
-    for labels in (2, 3):
-        model = AutoModelForSequenceClassification.from_pretrained(minilm_dir(), num_labels=labels)
-        model.save_pretrained(tmp_path / str(labels))
-        AutoTokenizer.from_pretrained(minilm_dir()).save_pretrained(tmp_path / str(labels))
+    tokenizer = AutoTokenizer.from_pretrained(minilm_dir())
+    for labels in (2, 3):  # small random BERTs: only the head's shape matters here
+        config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1,
+                            num_attention_heads=2, intermediate_size=64, num_labels=labels)
+        BertForSequenceClassification(config).save_pretrained(tmp_path / str(labels))
+        tokenizer.save_pretrained(tmp_path / str(labels))
     reranker = CrossEncoderReranker(str(tmp_path / "2"), device="cpu")
     inputs = reranker.tokenizer(["q"], ["some passage"], return_tensors="pt")
     with torch.inference_mode():
