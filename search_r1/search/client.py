@@ -6,6 +6,9 @@ into requests of at most ``batch_size``, sent with at most ``max_concurrency`` i
 timeout; connection errors, timeouts and 5xx answers are retried with exponential backoff
 (``backoff * 2**attempt`` seconds), 4xx answers are not (the request itself is wrong). Passages are
 rendered by ``search_r1.prompts`` (``format_passages``/``format_observation``), re-exported here.
+
+``num_queries`` / ``num_empty_results`` count the queries sent and those answered with no passage
+(a web backend serves an empty result for a query whose API call failed), for the trainer's metrics.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ class RetrieverClient:
         self.topk, self.timeout, self.max_retries = topk, timeout, max_retries
         self.batch_size, self.max_concurrency, self.backoff = batch_size, max_concurrency, backoff
         self.return_scores = return_scores
+        self.num_queries = 0
+        self.num_empty_results = 0
 
     async def aretrieve(self, queries: Sequence[str]) -> list[list[dict]]:
         """Top-``topk`` results for each query, in query order.
@@ -70,7 +75,10 @@ class RetrieverClient:
                     return await self._post_with_retries(client, batch)
 
             parts = await asyncio.gather(*(bounded(b) for b in batches))
-        return [hits for part in parts for hits in part]
+        results = [hits for part in parts for hits in part]
+        self.num_queries += len(results)
+        self.num_empty_results += sum(1 for hits in results if not hits)
+        return results
 
     def retrieve(self, queries: Sequence[str]) -> list[list[dict]]:
         """Blocking ``aretrieve``; safe to call from inside a running event loop (it then runs the

@@ -60,12 +60,16 @@ class ServerProcess:
 
 
 def launch_server(server_args: list[str], host: str = "127.0.0.1", port: int | None = None,
-                  startup_timeout: float = 300.0, env: dict | None = None) -> ServerProcess:
+                  startup_timeout: float = 300.0, env: dict | None = None,
+                  command: list[str] | None = None) -> ServerProcess:
     """Run ``python -m search_r1.search.retrieval_server <server_args> --host --port``.
 
     Args:
         server_args: CLI arguments except host/port (e.g. ``["--index_path", p, ...]``).
         startup_timeout: seconds to wait for ``/health`` (loading a large corpus takes a while).
+        env: variables added to the child's environment.
+        command: what to run instead of ``python -m search_r1.search.retrieval_server`` (e.g.
+            ``[sys.executable, "search_r1/search/retriever_server.py"]`` or a launch script).
     Returns:
         the ready server.
     Raises:
@@ -73,8 +77,8 @@ def launch_server(server_args: list[str], host: str = "127.0.0.1", port: int | N
     """
     port = port or free_port(host)
     log = tempfile.NamedTemporaryFile("w", prefix="retrieval_server_", suffix=".log", delete=False)
-    cmd = [sys.executable, "-m", "search_r1.search.retrieval_server", *server_args,
-           "--host", host, "--port", str(port)]
+    entry = command or [sys.executable, "-m", "search_r1.search.retrieval_server"]
+    cmd = [*entry, *server_args, "--host", host, "--port", str(port)]
     child_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)
     server = ServerProcess(process, f"http://{host}:{port}", log.name)
