@@ -174,7 +174,38 @@ def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.f
     config.classifier_dropout = 0.0
     model = AutoModelForTokenClassification.from_pretrained(
         _cfg_get(model_config, "path"), config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    _use_value_head(model)
     return _finish_model(model, model_config, trainable=True)
+
+
+class ValueHead(nn.Linear):
+    """The critic's ``nn.Linear`` head, computed as ``x @ W^T + b`` in two ops.
+
+    ``nn.Linear`` with a bias on a ``(B, T, H)`` input runs ``addmm`` on the flattened input and
+    returns a *view* of its ``(B*T, 1)`` result. That view is the value model's output, and FSDP2
+    registers the all-gather of its pre-backward hook on the root module's outputs: an in-place op
+    on a view output would silently drop that hook (torch warns "returned a view tensor"). Here the
+    bias is added out of place, so the logits own their storage. Same parameters and state-dict
+    keys as the ``nn.Linear`` it replaces; the sum differs from ``addmm``'s by rounding only.
+
+    Shapes: ``(..., in_features)`` -> ``(..., out_features)``.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.linear(hidden, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
+def _use_value_head(model: nn.Module) -> None:
+    """Swap the token-classification head (``score``, or ``classifier`` in some architectures) of
+    ``model`` for a :class:`ValueHead` holding the same parameters."""
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if type(head) is nn.Linear:
+            value_head = ValueHead(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
+            value_head.weight, value_head.bias = head.weight, head.bias
+            setattr(model, name, value_head)
+            return
 
 
 def _finish_model(model: nn.Module, model_config: Any, trainable: bool) -> nn.Module:
