@@ -12,7 +12,8 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from verl.trainer.ppo.config_check import check_config, rollout_n
+from verl.trainer.ppo.config_check import check_config, needs_critic, rollout_n
+from verl.utils.model_path import check_model_path
 
 
 def run_ppo(cfg: DictConfig) -> dict:
@@ -30,10 +31,21 @@ def run_ppo(cfg: DictConfig) -> dict:
         trainer.shutdown()
 
 
+def check_model_paths(cfg: DictConfig) -> None:
+    """The models the run loads exist (a folder, or a hub id that can be fetched); ValueError naming
+    the key otherwise. Runs after :func:`check_config`, before Ray or any model starts."""
+    check_model_path(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
+    if cfg.data.tokenizer:
+        check_model_path(cfg.data.tokenizer, "data.tokenizer")
+    if needs_critic(cfg):
+        check_model_path(cfg.critic.model.path, "critic.model.path")
+
+
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
         check_config(cfg)
+        check_model_paths(cfg)
     except ValueError as error:
         # The message names the culprit key; a traceback would only hide it.
         print(f"error: {error}", file=sys.stderr)
