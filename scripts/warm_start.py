@@ -5,7 +5,7 @@ group has zero reward spread. A short SFT on search-then-answer demonstrations
 (``scripts/make_sft_data.py``) teaches the tag format; RL then has signal. The result is cached under
 ``<cache_root>/warm_start/<name>/`` (``~/.cache/search_r1`` or ``$SEARCH_R1_CACHE``) and reused.
 
-    python scripts/warm_start.py                 # build if missing, print the HF folder
+    python scripts/warm_start.py                 # build if missing, print the HF folder (labelled)
     python scripts/warm_start.py --evaluate 24   # + greedy answer-tag rate and EM on test questions
     python scripts/warm_start.py --evaluate 24 --eval_base   # ... and the base model too
     python scripts/warm_start.py --output DIR    # also link DIR/huggingface -> the cached folder
@@ -164,8 +164,10 @@ def main(argv=None) -> None:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(path, target_is_directory=True)
+        print(f"warm start: RL starts from {link} (-> {path})")
         path = str(link)
-    print(path)
+    else:
+        print(f"warm start: HF folder {path}")
     if args.evaluate:
         from verl.utils.model_zoo import smollm2_dir
 

@@ -13,11 +13,13 @@ import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.trainer.ppo.config_check import check_config, needs_critic, rollout_n
+from verl.trainer.ppo.run_summary import closing_summary
 from verl.utils.model_path import check_model_path
 
 
 def run_ppo(cfg: DictConfig) -> dict:
-    """Build the trainer and train (or only validate) on a checked config. Returns the last metrics."""
+    """Build the trainer and train (or only validate) on a checked config, then print where the
+    outputs are (:func:`closing_summary`). Returns the last metrics."""
     OmegaConf.resolve(cfg)
     with open_dict(cfg):
         # Workers read rollout.n; Search-R1 scripts set n_agent instead.
@@ -26,9 +28,11 @@ def run_ppo(cfg: DictConfig) -> dict:
 
     trainer = build_trainer(cfg)
     try:
-        return trainer.fit()
+        metrics = trainer.fit()
     finally:
         trainer.shutdown()
+    print("\n" + closing_summary(cfg, trainer.global_step, trainer.total_steps, metrics), flush=True)
+    return metrics
 
 
 def check_model_paths(cfg: DictConfig) -> None:
