@@ -9,7 +9,9 @@
 2. optional warm start (``WARM_START=1``): the SFT step of issue 8 runs once and its checkpoint
    becomes the initial policy (hook: :func:`maybe_warm_start`);
 3. if no retriever answers at ``--retriever-url``: builds a BM25 index over ``--corpus`` once
-   (cached under ``--data-dir``) and starts a retrieval server in the background, stopped at the end;
+   (cached under ``--data-dir``) and starts a retrieval server in the background, stopped at the end,
+   its log in ``<trainer.default_local_dir>/logs/retrieval_server.log`` (a temporary file, removed
+   after a clean stop, when the overrides do not name that folder);
 4. runs ``python -m verl.trainer.main_ppo`` with the remaining ``key=value`` overrides.
 """
 
@@ -21,7 +23,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -103,40 +104,42 @@ def build_index(corpus: Path, index_dir: Path) -> None:
 
 
 @contextmanager
-def local_retriever(args: argparse.Namespace):
-    """Start a BM25 retrieval server when none answers at the URL; stop it on exit."""
+def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
+    """Start a BM25 retrieval server when none answers at the URL; stop it on exit.
+
+    Its output goes to ``log_path`` (kept; the train scripts put it beside the run's outputs) or,
+    when None, to a temporary file removed after a clean stop.
+    """
     if args.no_retriever or retriever_answers(args.retriever_url):
         yield
         return
+    from search_r1.search.launcher import launch_server
+
     corpus = (REPO / args.corpus).resolve()
     # Built indexes live with the prepared data (ignored by git), not beside the tracked corpus.
     index_dir = Path(args.index_dir) if args.index_dir else REPO / args.data_dir / f"{corpus.stem}.bm25"
     build_index(corpus, index_dir)
     parsed = urlparse(args.retriever_url)
-    cmd = [sys.executable, "-m", "search_r1.search.retrieval_server", "--retriever_name", "bm25",
-           "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus), "--topk", "3",
-           "--host", parsed.hostname or "127.0.0.1", "--port", str(parsed.port or 8000)]
-    print("+ " + shlex.join(cmd) + " &", flush=True)
-    server = subprocess.Popen(cmd, cwd=REPO)
+    server_args = ["--retriever_name", "bm25", "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus),
+                   "--topk", "3"]
+    where = f" (log: {log_path})" if log_path else ""
+    print(f"+ retrieval server on {args.retriever_url} over {corpus}{where}", flush=True)
     try:
-        _wait_for(args.retriever_url, server)
+        server = launch_server(server_args, host=parsed.hostname or "127.0.0.1", port=parsed.port or 8000,
+                               log_path=log_path)
+    except RuntimeError as err:
+        raise SystemExit(f"error: {err}") from None
+    with server:
         yield
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
-def _wait_for(url: str, server: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    deadline = time.time() + timeout_s
-    while not retriever_answers(url):
-        if server.poll() is not None:
-            raise SystemExit(f"error: the retrieval server exited with code {server.returncode}")
-        if time.time() > deadline:
-            raise SystemExit(f"error: no retriever answered at {url} after {timeout_s:.0f} s")
-        time.sleep(1.0)
+def run_output_dir(overrides: list[str]) -> Path | None:
+    """``trainer.default_local_dir`` when the overrides set it (the train scripts do), else None."""
+    for override in reversed(overrides):
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "trainer.default_local_dir" and value:
+            return REPO / value
+    return None
 
 
 def main(argv=None) -> int:
@@ -148,7 +151,8 @@ def main(argv=None) -> int:
                 f"retriever.url={args.retriever_url}"]
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
-    with local_retriever(args):
+    out = run_output_dir(overrides)
+    with local_retriever(args, out / "logs" / "retrieval_server.log" if out else None):
         cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *defaults, *overrides]
         print("+ " + shlex.join(cmd), flush=True)
         return subprocess.run(cmd, cwd=REPO).returncode
