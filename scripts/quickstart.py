@@ -1,11 +1,14 @@
 """The embedded default run, end to end: data, retriever, training (what ``train_*.sh`` call).
 
     python scripts/quickstart.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
-                                 [--train-sources nq,hotpotqa] [--test-sources SOURCES]
+                                 [--train-sources hotpotqa] [--test-sources SOURCES]
                                  [--retriever-url URL] [--no-retriever] [key=value ...]
 
-1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` when they are missing (NQ + HotpotQA
-   train, the seven QA sources' test sets, as in the paper; ``scripts/data_process/qa_search_*_merge.py``);
+1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` when they are missing, or when
+   they were built here from other sources (``sources.json`` records them): by default HotpotQA train
+   (the questions whose gold paragraphs ``example/corpus.jsonl`` holds; the example's NQ-style train
+   questions have no passage there, so search cannot help on them) and the seven QA sources' test
+   sets as in the paper (``scripts/data_process/qa_search_*_merge.py``);
 2. optional warm start (``WARM_START=1``): the SFT step of issue 8 runs once and its checkpoint
    becomes the initial policy (hook: :func:`maybe_warm_start`);
 3. if no retriever answers at ``--retriever-url``: builds a BM25 index over ``--corpus`` once
@@ -36,8 +39,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="data/example_search")
     parser.add_argument("--qa-dir", default="example/qa", help="FlashRAG-style QA jsonl folder")
-    parser.add_argument("--train-sources", default="nq,hotpotqa",
-                        help="QA sources of train.parquet (the paper's mix; used when the data is built)")
+    parser.add_argument("--train-sources", default="hotpotqa",
+                        help="QA sources of train.parquet (used when the data is built). Default: the ones "
+                             "example/corpus.jsonl answers; the paper's mix is nq,hotpotqa")
     parser.add_argument("--test-sources", default=None,
                         help="QA sources of test.parquet (default: the seven of the paper)")
     parser.add_argument("--corpus", default="example/corpus.jsonl")
@@ -56,19 +60,30 @@ def run(cmd: list[str], **kwargs) -> None:
     subprocess.run(cmd, check=True, cwd=REPO, **kwargs)
 
 
-def ensure_data(data_dir: Path, qa_dir: Path, train_sources: str = "nq,hotpotqa",
+def ensure_data(data_dir: Path, qa_dir: Path, train_sources: str = "hotpotqa",
                 test_sources: str | None = None) -> None:
-    """Write Search-R1 parquet files from the QA jsonl files unless they exist."""
+    """Write Search-R1 parquet files from the QA jsonl files unless they exist.
+
+    Files this function built from other sources (its ``sources.json`` differs) are rebuilt; files
+    without that record (made by the user, or by an older version) are kept, with a note.
+    """
+    stamp = data_dir / "sources.json"
+    wanted = {"train": train_sources, "test": test_sources, "qa_dir": str(qa_dir)}
     if (data_dir / "train.parquet").exists() and (data_dir / "test.parquet").exists():
-        return
+        if not stamp.exists():
+            print(f"note: using the existing {data_dir}/{{train,test}}.parquet as they are (delete them to "
+                  f"rebuild from {qa_dir} with --train-sources {train_sources})", flush=True)
+            return
+        if json.loads(stamp.read_text()) == wanted:
+            return
     if not qa_dir.is_dir():
         raise SystemExit(f"error: no {data_dir}/train.parquet and no QA folder {qa_dir} to build it from")
-    # The paper's mix by default: NQ + HotpotQA for training, the seven QA sources for evaluation.
     run([sys.executable, "scripts/data_process/qa_search_train_merge.py", "--local_dir", str(data_dir),
          "--data_sources", train_sources, "--input_dir", str(qa_dir)])
     sources = ["--data_sources", test_sources] if test_sources else []
     run([sys.executable, "scripts/data_process/qa_search_test_merge.py", "--local_dir", str(data_dir),
          "--input_dir", str(qa_dir), *sources])
+    stamp.write_text(json.dumps(wanted) + "\n")
 
 
 def maybe_warm_start(overrides: list[str]) -> list[str]:
