@@ -29,7 +29,7 @@ def _check_ok(result: subprocess.CompletedProcess) -> None:
 def _hf_state(folder: Path) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).state_dict()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
 
 
 @pytest.mark.parametrize("algo,engine", [("ppo", "hf"), ("grpo", "vllm")])

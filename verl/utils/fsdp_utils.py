@@ -16,6 +16,7 @@ and fine up to a few billion parameters per host.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -172,10 +173,46 @@ def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.f
     config = load_model_config(model_config)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    model = AutoModelForTokenClassification.from_pretrained(
-        _cfg_get(model_config, "path"), config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    path = _cfg_get(model_config, "path")
+    with _load_report_silenced():
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, output_loading_info=True, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
     _use_value_head(model)
+    _report_value_model_load(model, info, path)
     return _finish_model(model, model_config, trainable=True)
+
+
+@contextlib.contextmanager
+def _load_report_silenced():
+    """Hold back transformers' loading report (a warning-level table) for one ``from_pretrained``.
+
+    From a causal-LM checkpoint the value head is always missing and the LM head always unexpected,
+    so transformers' report would warn on every critic load; :func:`_report_value_model_load`
+    reports only what differs from that. Errors still raise.
+    """
+    def drop_report(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    report_logger.addFilter(drop_report)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(drop_report)
+
+
+def _report_value_model_load(model: nn.Module, info: dict, path: str) -> None:
+    """Warn about checkpoint keys a critic load did not expect to miss or to skip."""
+    head = next(name for name, module in model.named_children() if isinstance(module, ValueHead))
+    missing = sorted(k for k in info["missing_keys"] if not k.startswith(f"{head}."))
+    unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith("lm_head."))
+    logger.info("critic from %s: value head %s newly initialised (the checkpoint is a causal LM)", path, head)
+    if missing:
+        logger.warning("critic from %s: %d weights missing from the checkpoint, newly initialised: %s",
+                       path, len(missing), ", ".join(missing[:10]))
+    if unexpected:
+        logger.warning("critic from %s: %d checkpoint weights not used: %s", path, len(unexpected),
+                       ", ".join(unexpected[:10]))
 
 
 class ValueHead(nn.Linear):
