@@ -396,6 +396,9 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     if args.profile_steps:  # the profiler must see the engine core's CUDA work: keep it in-process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    # In-process engine unless the caller chose: this process has initialised CUDA (the transformers
+    # runs) before vLLM starts, and a multiprocess engine would fork after that and fail.
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     args.batches = [int(b) for b in args.batches.split(",")]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype_name = args.dtype or ("bfloat16" if device == "cuda" else "float32")

@@ -275,8 +275,8 @@ def compile_decoder_layers(model: nn.Module) -> int:
 
     Per layer and before FSDP2 wraps it, as torchtitan does: FSDP2's hooks stay outside the
     compiled code, and the layers share one compiled graph. Eager, RMSNorm, rotary embeddings and
-    SiLU-gating run as separate memory-bound kernels; compiled they fuse (1.5B shape on the H200:
-    MFU 39.5% -> 46.2%, docs/benchmarks.md).
+    SiLU-gating run as separate memory-bound kernels; compiled they fuse (the measured effect on
+    the update's MFU is in docs/benchmarks.md).
     """
     layers = decoder_layers(model)
     for layer in layers:

