@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from typing import Any, Iterable, Iterator, Mapping
 
 import torch
@@ -59,11 +60,16 @@ def _hidden_from_kernel_scan() -> Iterator[None]:
     vllm 0.32's ``triton_utils.dispatcher._rebind_kernels`` walks every loaded module and calls
     ``vars(value).get("kernel")``; ``llvmlite.binding.ffi.lib`` (loaded by numba, hence by bm25s)
     answers ``vars()`` with a ctypes wrapper, and engine construction dies with AttributeError. The
-    modules are put back untouched as soon as the engine exists.
+    modules are put back untouched as soon as the engine exists. The same walk touches the
+    deprecated ``torch.distributed.reduce_op``, whose every attribute access warns
+    (``FutureWarning``) although nobody uses it; that one warning is ignored during the walk.
     """
     hidden = {name: sys.modules.pop(name) for name in _SCAN_UNSAFE_MODULES if name in sys.modules}
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                                    category=FutureWarning)
+            yield
     finally:
         sys.modules.update(hidden)
 
