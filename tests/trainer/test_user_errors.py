@@ -60,6 +60,13 @@ def test_trainer_names_a_missing_model_path():
     assert line.startswith("error: actor_rollout_ref.model.path=/nonexistent/model: no such folder")
 
 
+def test_trainer_names_a_missing_data_file(tiny_qwen_path, tmp_path):
+    missing = tmp_path / "train.parquet"
+    line = _one_error_line(_run([sys.executable, "-m", "verl.trainer.main_ppo",
+                                 f"actor_rollout_ref.model.path={tiny_qwen_path}", f"data.train_files={missing}"]))
+    assert line.startswith(f"error: data.train_files={missing}: no such file")
+
+
 def test_check_model_path_cases(tmp_path, monkeypatch):
     (tmp_path / "gguf").mkdir()
     (tmp_path / "gguf" / "model.Q4.gguf").write_bytes(b"")

@@ -8,6 +8,7 @@ key's name.
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -35,21 +36,28 @@ def run_ppo(cfg: DictConfig) -> dict:
     return metrics
 
 
-def check_model_paths(cfg: DictConfig) -> None:
-    """The models the run loads exist (a folder, or a hub id that can be fetched); ValueError naming
-    the key otherwise. Runs after :func:`check_config`, before Ray or any model starts."""
+def check_paths(cfg: DictConfig) -> None:
+    """The models the run loads exist (a folder, or a hub id that can be fetched), and so do its
+    data files; ValueError naming the key otherwise. Runs after :func:`check_config`, before Ray or
+    any model starts."""
     check_model_path(cfg.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
     if cfg.data.tokenizer:
         check_model_path(cfg.data.tokenizer, "data.tokenizer")
     if needs_critic(cfg):
         check_model_path(cfg.critic.model.path, "critic.model.path")
+    for key in ("train_files", "val_files"):
+        files = cfg.data[key]
+        for path in [files] if isinstance(files, str) else list(files):
+            if not Path(path).expanduser().is_file():
+                raise ValueError(f"data.{key}={path}: no such file; write the parquet files with "
+                                 f"scripts/data_process/ (README, Data) or point data.{key} at them")
 
 
 @hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
         check_config(cfg)
-        check_model_paths(cfg)
+        check_paths(cfg)
     except ValueError as error:
         # The message names the culprit key; a traceback would only hide it.
         print(f"error: {error}", file=sys.stderr)
