@@ -140,8 +140,10 @@ def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
     where = f" (log: {log_path})" if log_path else ""
     print(f"+ retrieval server on {args.retriever_url} over {corpus}{where}", flush=True)
     try:
+        # the server imports search_r1 from this checkout wherever the quickstart was started from
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
         server = launch_server(server_args, host=parsed.hostname or "127.0.0.1", port=parsed.port or 8000,
-                               log_path=log_path)
+                               log_path=log_path, env=env)
     except RuntimeError as err:
         raise SystemExit(f"error: {err}") from None
     with server:
