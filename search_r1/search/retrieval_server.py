@@ -86,7 +86,7 @@ def create_app(retriever, limits: ServerLimits, batcher: MicroBatcher | None = N
                 "index_size": info["index_size"], "default_topk": limits.default_topk,
                 "max_topk": limits.max_topk, "max_queries": limits.max_queries,
                 "batching": batcher.batching,
-                **{key: info[key] for key in ("encoder_device", "search_devices") if key in info}}
+                **{key: info[key] for key in ("encoder_device", "search_devices", "load_s") if key in info}}
 
     @app.get("/stats")
     async def stats() -> dict:
@@ -163,7 +163,7 @@ def load_retriever(args: argparse.Namespace):
     return load_dense_retriever(args.index_path, args.corpus_path, args.retriever_name,
                                args.retriever_model, faiss_gpu=args.faiss_gpu,
                                pooling_method=args.pooling_method,
-                               query_max_length=args.query_max_length)
+                               query_max_length=args.query_max_length, gpu_search=args.gpu_search)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -174,6 +174,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--retriever_name", default="e5", help="e5 | bge | minilm | bm25 | serper | a model path")
     p.add_argument("--retriever_model", default=None, help="encoder path or hub id (default: the index's)")
     p.add_argument("--faiss_gpu", action="store_true", help="index sharded in fp16 on all GPUs, encoder fp16 on GPU")
+    p.add_argument("--gpu_search", default="auto", choices=["auto", "faiss", "torch"],
+                   help="with --faiss_gpu: FAISS GPU indexes (auto: when FAISS is a GPU build) or torch (Flat)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--pooling_method", default=None, choices=["mean", "cls", "pooler"])

@@ -150,3 +150,29 @@ def test_saved_random_model_loads_with_the_borrowed_tokenizer(tmp_path, smollm2_
     assert sum(p.numel() for p in model.parameters()) == shapes.total_params(small)
     assert model.config.eos_token_id == tokenizer.eos_token_id
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_retriever_scale_benchmark_end_to_end_at_a_tiny_size(tmp_path):
+    """All four stages through real servers (CPU): the report has every figure the device run reports."""
+    out = tmp_path / "report.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "retriever_scale.py"), "--data_dir",
+                           str(tmp_path / "data"), "--num_vectors", "3000", "--encoder_layers", "1",
+                           "--load_scale", "0.002", "--ann_vectors", "2000", "--ann_nlist", "16", "--pq_bytes", "8",
+                           "--hnsw_m", "8", "--output", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["retriever"]["num_vectors"] == 3000 and report["meta"]["commit"]
+    assert report["start"]["cold_first"]["resident_before"]["synthetic_Flat.index"] < 0.5
+    assert report["start"]["cold_restart"]["load_s"]["corpus"] > 0
+    load = report["load"]["cpu"]
+    assert {"concurrent_1", "concurrent_64", "concurrent_256", "batch_512"} <= set(load)
+    assert all(load[k]["qps"] > 0 and load[k]["p99_ms"] >= load[k]["p50_ms"] for k in ("concurrent_256", "batch_512"))
+    entries = {(e["name"], json.dumps(e.get("params"))): e for e in report["ann"]["entries"]}
+    assert entries[("Flat (torch)", "null")]["recall_at_10"] == 1.0
+    assert entries[("IVF16,Flat", json.dumps({"nprobe": 16}))]["recall_at_10"] == 1.0  # every list searched
+    assert 0 < entries[("HNSW8", json.dumps({"efSearch": 64}))]["recall_at_10"] <= 1.0
+    assert set(report["goals"]) >= {"start_cold_under_180_s", "qps_256_callers_at_least_2000"}
+    assert "qps_256_callers_cpu" in report["extrapolated_21m"]

@@ -14,7 +14,6 @@ from typing import Iterable
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
@@ -71,8 +70,8 @@ def _to_outputs(output) -> list[RolloutOutput]:
     ]
 
 
-def sampling_params(rollout_cfg: DictConfig, max_tokens: int, validate: bool = False) -> SamplingParams:
-    """Per-turn sampling parameters from ``actor_rollout_ref.rollout``.
+def sampling_params(rollout_cfg, max_tokens: int, validate: bool = False) -> SamplingParams:
+    """Per-turn sampling parameters from ``actor_rollout_ref.rollout`` (a ``RolloutConfig``).
 
     Training samples with ``temperature/top_p/top_k``. Validation uses ``rollout.val_kwargs``; with
     ``do_sample: false`` it is truly greedy (temperature 0), which Search-R1 meant but did not do.
@@ -86,10 +85,11 @@ def sampling_params(rollout_cfg: DictConfig, max_tokens: int, validate: bool = F
     """
     source = rollout_cfg.val_kwargs if validate else rollout_cfg
     greedy = not source.do_sample
+    seeded = rollout_cfg.seed_per_request and not validate
     return SamplingParams(
         temperature=0.0 if greedy else float(source.temperature),
         top_p=1.0 if greedy else float(source.top_p),
         top_k=-1 if greedy else int(source.top_k),
         max_tokens=int(max_tokens), stop=list(STOP_STRINGS), n=1,
-        seed=rollout_cfg.get("seed") if rollout_cfg.get("seed_per_request", True) and not validate else None,
+        seed=rollout_cfg.seed if seeded else None,
         logprobs=True)

@@ -13,7 +13,10 @@ import math
 
 import torch
 
-from verl.trainer.ppo.algos.masked import masked_mean
+from verl.algorithms.masked import masked_mean
+
+TIS_LEVELS = ("token", "sequence")
+TIS_MODES = ("truncate", "mask")
 
 
 @torch.no_grad()
@@ -47,10 +50,10 @@ def compute_rollout_is_weights(
     """
     if cap <= 0:
         raise ValueError(f"tis cap must be > 0, got {cap}")
-    if level not in ("token", "sequence"):
-        raise ValueError(f"unknown importance-sampling level {level!r}; expected 'token' or 'sequence'")
-    if mode not in ("truncate", "mask"):
-        raise ValueError(f"unknown importance-sampling mode {mode!r}; expected 'truncate' or 'mask'")
+    if level not in TIS_LEVELS:
+        raise ValueError(f"unknown importance-sampling level {level!r}; expected one of {list(TIS_LEVELS)}")
+    if mode not in TIS_MODES:
+        raise ValueError(f"unknown importance-sampling mode {mode!r}; expected one of {list(TIS_MODES)}")
     if old_log_prob.shape != rollout_log_probs.shape or old_log_prob.shape != response_mask.shape:
         raise ValueError(f"shape mismatch: old_log_prob {tuple(old_log_prob.shape)}, rollout_log_probs "
                          f"{tuple(rollout_log_probs.shape)}, response_mask {tuple(response_mask.shape)}")

@@ -22,19 +22,36 @@ passes a lone member's raw score through).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 
-from verl.trainer.ppo.algos.masked import masked_whiten
+from verl.algorithms.masked import masked_whiten
 
 AdvantageFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
-ADV_ESTIMATOR_REGISTRY: dict[str, AdvantageFn] = {}
 
 
-def register_adv_est(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
-    """Decorator: register an advantage estimator under ``name``.
+@dataclass(frozen=True)
+class AdvantageEstimator:
+    """A registered estimator and what it needs from the rest of the run.
+
+    ``needs_critic``: it reads ``values`` (a critic must be trained); ``needs_groups``: it compares
+    the responses of one prompt, so ``rollout.n`` must be at least 2.
+    """
+
+    fn: AdvantageFn
+    needs_critic: bool = False
+    needs_groups: bool = False
+
+
+ADV_ESTIMATOR_REGISTRY: dict[str, AdvantageEstimator] = {}
+
+
+def register_adv_est(name: str, *, needs_critic: bool = False,
+                     needs_groups: bool = False) -> Callable[[AdvantageFn], AdvantageFn]:
+    """Decorator: register an advantage estimator under ``name`` with its requirements.
 
     Raises:
         ValueError: ``name`` is already registered to a different function.
@@ -42,19 +59,28 @@ def register_adv_est(name: str) -> Callable[[AdvantageFn], AdvantageFn]:
 
     def decorator(fn: AdvantageFn) -> AdvantageFn:
         existing = ADV_ESTIMATOR_REGISTRY.get(name)
-        if existing is not None and existing is not fn:
-            raise ValueError(f"advantage estimator {name!r} is already registered ({existing.__qualname__})")
-        ADV_ESTIMATOR_REGISTRY[name] = fn
+        if existing is not None and existing.fn is not fn:
+            raise ValueError(f"advantage estimator {name!r} is already registered ({existing.fn.__qualname__})")
+        ADV_ESTIMATOR_REGISTRY[name] = AdvantageEstimator(fn, needs_critic=needs_critic, needs_groups=needs_groups)
         return fn
 
     return decorator
 
 
-def get_adv_estimator_fn(name: str) -> AdvantageFn:
-    """Return the estimator registered as ``name``; ValueError listing known names otherwise."""
+def get_adv_estimator(name: str) -> AdvantageEstimator:
+    """The registry entry of ``name``.
+
+    Raises:
+        ValueError: unknown name, listing the known ones.
+    """
     if name not in ADV_ESTIMATOR_REGISTRY:
         raise ValueError(f"unknown advantage estimator {name!r}; known: {sorted(ADV_ESTIMATOR_REGISTRY)}")
     return ADV_ESTIMATOR_REGISTRY[name]
+
+
+def get_adv_estimator_fn(name: str) -> AdvantageFn:
+    """Return the estimator function registered as ``name``; ValueError listing known names otherwise."""
+    return get_adv_estimator(name).fn
 
 
 def _check_same_shape(**tensors: torch.Tensor | None) -> None:
@@ -76,7 +102,7 @@ def credit_rewards_to_actions(rewards: torch.Tensor, response_mask: torch.Tensor
     return torch.zeros_like(rewards).scatter_add_(-1, last_action.clamp_min(0), source)
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", needs_critic=True)
 def compute_gae_advantage_return(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -185,7 +211,7 @@ def _broadcast(row_adv: torch.Tensor, response_mask: torch.Tensor) -> torch.Tens
     return row_adv.unsqueeze(-1) * response_mask.to(row_adv.dtype)
 
 
-@register_adv_est("grpo")
+@register_adv_est("grpo", needs_groups=True)
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -211,7 +237,7 @@ def compute_grpo_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est("rloo")
+@register_adv_est("rloo", needs_groups=True)
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
@@ -233,7 +259,7 @@ def compute_rloo_outcome_advantage(
     return advantages, advantages
 
 
-@register_adv_est("reinforce_plus_plus_baseline")
+@register_adv_est("reinforce_plus_plus_baseline", needs_groups=True)
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,

@@ -7,26 +7,39 @@ Each policy loss has the signature::
 
 with all tensors ``(batch, response_len)``; ``pg_loss`` is a scalar tensor and ``metrics`` holds
 python floats under ``actor/pg_clipfrac``, ``actor/ppo_kl`` and ``actor/pg_clipfrac_lower``.
-``config`` is any mapping or attribute object with ``clip_ratio`` (default 0.2),
-``clip_ratio_low`` / ``clip_ratio_high`` (None -> ``clip_ratio``) and ``clip_ratio_c``
-(dual-clip bound, default 3.0). ``rollout_is_weights`` (detached, ``(batch, response_len)``)
-multiplies the per-token loss (truncated importance sampling, see ``importance_sampling``).
+``config`` is the actor config (attributes ``clip_ratio``, ``clip_ratio_low`` / ``clip_ratio_high``
+(None -> ``clip_ratio``), ``clip_ratio_c``: the dual-clip bound) or None (see :func:`clip_ranges`).
+``rollout_is_weights`` (detached, ``(batch, response_len)``) multiplies the per-token loss
+(truncated importance sampling, see ``importance_sampling``). A registration may restrict
+``loss_agg_mode``; the start-up check asks the registry.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
-from verl.trainer.ppo.algos.masked import agg_loss, masked_mean
+from verl.algorithms.masked import agg_loss, masked_mean
 
 PolicyLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
-POLICY_LOSS_REGISTRY: dict[str, PolicyLossFn] = {}
 
 
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator: register a policy loss under ``name``.
+@dataclass(frozen=True)
+class PolicyLoss:
+    """A registered policy loss and the ``loss_agg_mode`` values it is defined for (None: all)."""
+
+    fn: PolicyLossFn
+    loss_agg_modes: tuple[str, ...] | None = None
+
+
+POLICY_LOSS_REGISTRY: dict[str, PolicyLoss] = {}
+
+
+def register_policy_loss(name: str, *, loss_agg_modes: tuple[str, ...] | None = None
+                         ) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator: register a policy loss under ``name`` (and the aggregation modes it accepts).
 
     Raises:
         ValueError: ``name`` is already registered to a different function.
@@ -34,42 +47,47 @@ def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
 
     def decorator(fn: PolicyLossFn) -> PolicyLossFn:
         existing = POLICY_LOSS_REGISTRY.get(name)
-        if existing is not None and existing is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered ({existing.__qualname__})")
-        POLICY_LOSS_REGISTRY[name] = fn
+        if existing is not None and existing.fn is not fn:
+            raise ValueError(f"policy loss {name!r} is already registered ({existing.fn.__qualname__})")
+        POLICY_LOSS_REGISTRY[name] = PolicyLoss(fn, loss_agg_modes)
         return fn
 
     return decorator
 
 
-def get_policy_loss_fn(name: str) -> PolicyLossFn:
-    """Return the policy loss registered as ``name``; ValueError listing known names otherwise."""
+def get_policy_loss(name: str) -> PolicyLoss:
+    """The registry entry of ``name``.
+
+    Raises:
+        ValueError: unknown name, listing the known ones.
+    """
     if name not in POLICY_LOSS_REGISTRY:
         raise ValueError(f"unknown policy loss {name!r}; known: {sorted(POLICY_LOSS_REGISTRY)}")
     return POLICY_LOSS_REGISTRY[name]
 
 
-def _config_get(config: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a mapping (dict, DictConfig) or an attribute object; None -> default."""
-    if config is None:
-        return default
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
+def get_policy_loss_fn(name: str) -> PolicyLossFn:
+    """Return the policy loss function registered as ``name``; ValueError listing known names otherwise."""
+    return get_policy_loss(name).fn
 
 
 def clip_ranges(config: Any) -> tuple[float, float, float]:
     """``(clip_ratio_low, clip_ratio_high, clip_ratio_c)`` from a policy-loss config.
 
+    ``config`` has attributes ``clip_ratio``, ``clip_ratio_low``/``clip_ratio_high`` (None: use
+    ``clip_ratio``) and ``clip_ratio_c`` (the actor config), or is None for PPO's usual
+    ``(0.2, 0.2, 3.0)``.
+
     Raises:
         ValueError: ``clip_ratio_c <= 1`` (the dual-clip bound must exceed 1, Ye et al. 2020).
     """
-    clip_ratio = _config_get(config, "clip_ratio", 0.2)
-    low = _config_get(config, "clip_ratio_low", clip_ratio)
-    high = _config_get(config, "clip_ratio_high", clip_ratio)
-    clip_c = _config_get(config, "clip_ratio_c", 3.0)
-    if clip_c <= 1.0:
-        raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {clip_c}")
-    return float(low), float(high), float(clip_c)
+    if config is None:
+        return 0.2, 0.2, 3.0
+    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
+    if config.clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c must be > 1.0 for dual-clip PPO, got {config.clip_ratio_c}")
+    return float(low), float(high), float(config.clip_ratio_c)
 
 
 def _check_same_shape(**tensors: torch.Tensor | None) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from verl.trainer.ppo.algos.masked import masked_mean
+from verl.algorithms.masked import masked_mean
 
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3", "full")
 
@@ -101,25 +101,23 @@ class AdaptiveKLController:
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
 
 
+KL_CONTROLLERS = ("fixed", "adaptive")
+
+
 def get_kl_controller(kl_ctrl_config: Any) -> FixedKLController | AdaptiveKLController:
-    """Build a controller from ``algorithm.kl_ctrl`` (keys ``type`` fixed|adaptive, ``kl_coef``,
-    ``target_kl``, ``horizon``; a mapping or an attribute object).
+    """Build a controller from ``algorithm.kl_ctrl`` (attributes ``type`` fixed|adaptive,
+    ``kl_coef``, ``target_kl``, ``horizon``).
 
     Raises:
         ValueError: unknown ``type``.
     """
-    def get(key, default=None):
-        if hasattr(kl_ctrl_config, "get"):
-            return kl_ctrl_config.get(key, default)
-        return getattr(kl_ctrl_config, key, default)
-
-    kind = get("type", "fixed")
+    kind = kl_ctrl_config.type
     if kind == "fixed":
-        return FixedKLController(kl_coef=get("kl_coef", 0.001))
+        return FixedKLController(kl_coef=kl_ctrl_config.kl_coef)
     if kind == "adaptive":
-        return AdaptiveKLController(init_kl_coef=get("kl_coef", 0.001), target_kl=get("target_kl", 0.1),
-                                    horizon=get("horizon", 10000))
-    raise ValueError(f"unknown algorithm.kl_ctrl.type {kind!r}; expected 'fixed' or 'adaptive'")
+        return AdaptiveKLController(init_kl_coef=kl_ctrl_config.kl_coef, target_kl=kl_ctrl_config.target_kl,
+                                    horizon=kl_ctrl_config.horizon)
+    raise ValueError(f"unknown algorithm.kl_ctrl.type {kind!r}; expected one of {list(KL_CONTROLLERS)}")
 
 
 def apply_kl_penalty(
