@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 pytestmark = pytest.mark.slow
 
 WORLD = 2
-NUM_ROWS = 6
+NUM_ROWS = 8  # 4 per rank, in micro-batches of 2; the unsharded reference takes all 8 at once
 
 
 class GradRecordingAdamW(torch.optim.AdamW):
@@ -44,19 +44,22 @@ def _full(tensor: torch.Tensor) -> torch.Tensor:
     return (tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor).detach().clone()
 
 
-def critic_config():
-    return OmegaConf.create(dict(ppo_mini_batch_size=NUM_ROWS // WORLD, ppo_micro_batch_size_per_gpu=2,
-                                 forward_micro_batch_size_per_gpu=2, use_dynamic_bsz=False, ppo_epochs=1,
-                                 shuffle=False, grad_clip=1.0, cliprange_value=0.2, loss_agg_mode="token-mean",
-                                 use_remove_padding=True))
+def _config(role: str, model_path: str, micro_rows: int):
+    """The typed ``critic`` / ``actor`` config: global mini-batch of all rows, ``micro_rows`` per rank."""
+    from verl.utils.config import to_typed
+    from verl.workers.actor.config import ActorConfig
+    from verl.workers.critic.config import CriticConfig
 
-
-def actor_config():
-    return OmegaConf.create(dict(ppo_mini_batch_size=NUM_ROWS // WORLD, ppo_micro_batch_size_per_gpu=2,
-                                 use_dynamic_bsz=False, ppo_epochs=1, shuffle=False, grad_clip=1.0,
-                                 clip_ratio=0.2, clip_ratio_c=3.0, entropy_coeff=0.01, loss_agg_mode="token-mean",
-                                 use_kl_loss=True, kl_loss_coef=0.01, kl_loss_type="low_var_kl",
-                                 tis_imp_ratio_cap=2.0, use_remove_padding=True, policy_loss={"loss_mode": "vanilla"}))
+    common = dict(ppo_mini_batch_size=NUM_ROWS, ppo_micro_batch_size_per_gpu=micro_rows, use_dynamic_bsz=False,
+                  ppo_epochs=1, shuffle=False, grad_clip=1.0, loss_agg_mode="token-mean")
+    if role == "critic":
+        model = {"path": model_path, "tokenizer_path": model_path, "external_lib": None, "max_packed_row_len": 0,
+                 "attn_implementation": None, "use_remove_padding": True}  # standalone: no actor to default to
+        return to_typed(CriticConfig, dict(common, forward_micro_batch_size_per_gpu=micro_rows, cliprange_value=0.2,
+                                           ppo_max_token_len_per_gpu=64, model=model), "critic")
+    return to_typed(ActorConfig, dict(common, clip_ratio=0.2, entropy_coeff=0.01, use_kl_loss=True, kl_loss_coef=0.01,
+                                      kl_loss_type="low_var_kl", tis_imp_ratio_cap=2.0,
+                                      policy_loss={"loss_mode": "vanilla"}), "actor")
 
 
 def _load(role: str, model_path: str, init_path: str):
@@ -67,25 +70,32 @@ def _load(role: str, model_path: str, init_path: str):
     return model
 
 
-def _run(role: str, model, data, rows_per_micro: int | None = None) -> dict:
+def _worker(role: str, model, optimizer, model_path: str, micro_rows: int, world_size: int):
+    """The data-parallel critic / actor of one rank, batched as the FSDP workers batch it."""
+    from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.batching import actor_update_batching, critic_batching
+    from verl.workers.critic.dp_critic import DataParallelPPOCritic
+    from verl.workers.forward import ForwardLayout
+
+    config, layout = _config(role, model_path, micro_rows), ForwardLayout(use_remove_padding=True)
+    if role == "critic":
+        update, forward = critic_batching(config, rollout_n=1, world_size=world_size)
+        return DataParallelPPOCritic(config, model, optimizer, layout=layout, update=update, forward=forward)
+    return DataParallelPPOActor(config, model, optimizer, layout=layout,
+                                update=actor_update_batching(config, rollout_n=1, world_size=world_size))
+
+
+def _run(role: str, model, data, model_path: str, micro_rows: int, world_size: int) -> dict:
     """One update of ``role`` on ``data``; the gradients stepped on, the parameters after it, and
     the forward outputs (values / log-probs) before it."""
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl.workers.critic.dp_critic import DataParallelPPOCritic
-
-    config = critic_config() if role == "critic" else actor_config()
-    if rows_per_micro is not None:  # the unsharded reference: all rows in one mini-batch
-        config.ppo_mini_batch_size = len(data)
-        config.ppo_micro_batch_size_per_gpu = config.forward_micro_batch_size_per_gpu = rows_per_micro
     optimizer = GradRecordingAdamW(model, lr=1e-3, eps=1e-3, weight_decay=0.01)
+    worker = _worker(role, model, optimizer, model_path, micro_rows, world_size)
     if role == "critic":
-        worker = DataParallelPPOCritic(config, model, optimizer)
         forward = worker.compute_values(data)
         metrics = worker.update_critic(data)
     else:
-        worker = DataParallelPPOActor(config, model, optimizer)
-        forward, _ = worker.compute_log_prob(data)
-        metrics = worker.update_policy(data)
+        forward, _ = worker.compute_log_prob(data, worker.update.micro, 1.0)
+        metrics = worker.update_policy(data, 1.0)
     params = {name: _full(p) for name, p in model.named_parameters()}
     return {"forward": forward, "grads": optimizer.grads, "params": params, "metrics": metrics}
 
@@ -102,27 +112,25 @@ def _rank_main(rank: int, role: str, port: int, model_path: str, init_path: str,
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         model = apply_fsdp2(_load(role, model_path, init_path))
-        result = _run(role, model, data[rank * rows:(rank + 1) * rows])
+        result = _run(role, model, data[rank * rows:(rank + 1) * rows], model_path, micro_rows=2, world_size=WORLD)
     result["warnings"] = [str(w.message) for w in caught]
     torch.save(result, os.path.join(out_dir, f"{role}_rank{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
-def _batch(role: str, model, batch_factory):
+def _batch(role: str, model, model_path: str, batch_factory):
     """A PPO batch with the fields ``role`` updates on; old/ref/rollout log-probs and values
     perturbed so that the clipped branches of the losses are taken."""
-    from verl.workers.actor.dp_actor import DataParallelPPOActor
-    from verl.workers.critic.dp_critic import DataParallelPPOCritic
-
     data = batch_factory(num_rows=NUM_ROWS, seed=13)
     gen = torch.Generator().manual_seed(3)
     mask = data.batch["response_mask"].float()
+    worker = _worker(role, model, None, model_path, NUM_ROWS, 1)
     if role == "critic":
-        values = DataParallelPPOCritic(critic_config(), model, None).compute_values(data)
+        values = worker.compute_values(data)
         data.batch["values"] = values + 0.3 * torch.randn(values.shape, generator=gen) * mask
         data.batch["returns"] = torch.randn(values.shape, generator=gen) * mask
     else:
-        old, _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
+        old, _ = worker.compute_log_prob(data, worker.update.micro, 1.0)
         data.batch["old_log_probs"] = old + 0.3 * torch.randn(old.shape, generator=gen) * mask
         data.batch["ref_log_probs"] = old + 0.1 * torch.randn(old.shape, generator=gen)
         data.batch["rollout_log_probs"] = old + 0.2 * torch.randn(old.shape, generator=gen)
@@ -135,10 +143,10 @@ def test_two_fsdp2_ranks_equal_the_unsharded_model(role, tiny_qwen_path, batch_f
 
     torch.manual_seed(0)  # the critic's value head starts random: every rank loads this one init
     reference_model = _load(role, tiny_qwen_path, _save_init(role, tiny_qwen_path, tmp_path))
-    data = _batch(role, reference_model, batch_factory)
+    data = _batch(role, reference_model, tiny_qwen_path, batch_factory)
     torch.save(data, tmp_path / "data.pt")
     initial = {name: p.detach().clone() for name, p in reference_model.named_parameters()}
-    expected = _run(role, reference_model, data, rows_per_micro=NUM_ROWS)
+    expected = _run(role, reference_model, data, tiny_qwen_path, micro_rows=NUM_ROWS, world_size=1)
 
     mp.spawn(_rank_main, args=(role, _free_port(), tiny_qwen_path, str(tmp_path / "init.pt"),
                                str(tmp_path / "data.pt"), str(tmp_path)), nprocs=WORLD, join=True)
