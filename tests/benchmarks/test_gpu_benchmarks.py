@@ -56,7 +56,7 @@ def test_gpu_generation_tiny(tmp_path):
 def test_gpu_generation_goals_use_the_median_of_repeated_runs():
     """Repeated batch-256 runs (the host-side share of a decode step varies between them) are
     judged by their median, for the bound fraction and for the ratio to transformers."""
-    from benchmarks.gpu_generation import goals, host_probe_ms
+    from benchmarks.gpu_generation import goals
 
     def run(tps, frac, decode_frac):
         return {"batch": 256, "tokens_per_s": tps, "fraction_of_bound": frac, "decode_fraction_of_bound": decode_frac}
@@ -71,7 +71,30 @@ def test_gpu_generation_goals_use_the_median_of_repeated_runs():
     assert goals({"s": {"vllm": {"runs": [run(30.0, 0.20, 0.24)]}}})["s"]["goal_25pct_bound_met_decode_only"] is False
     two = goals({"s": {"vllm": {"runs": [run(50.0, 0.33, 0.35), run(30.0, 0.20, 0.22)]}}})["s"]
     assert two["vllm_fraction_of_bound_at_256"] == 0.20  # an even count takes the lower middle run
-    assert host_probe_ms(1000) > 0
+
+
+def test_host_probe_keeps_sub_millisecond_resolution():
+    """The probe reports the clock's full resolution: a short probe (1,000 loops take tens of
+    microseconds on a fast host) is not rounded to 0. The clock is given, so the figure does not
+    depend on the host's speed."""
+    from benchmarks.gpu_generation import host_probe_ms
+
+    ticks = iter([5_000, 45_000])  # nanoseconds: 40 us between the two reads
+    assert host_probe_ms(1000, clock=lambda: next(ticks)) == pytest.approx(0.04, rel=1e-12)
+
+
+def test_generate_projection_counts_the_prefill_once():
+    """Two warm calls (1 and 1 + 8 new tokens) give the prefill and the per-token decode time; a
+    call of any length is their line. Here ``generate`` costs 2.0 s for the prefill and first
+    token plus 0.1 s per further token, so 512 tokens take 53.1 s (scaling the 8-token call by
+    512 / 8 would say 172.8 s)."""
+    from benchmarks.gpu_generation import project_generate_s
+
+    def cost(new_tokens):
+        return 2.0 + 0.1 * (new_tokens - 1)
+
+    assert project_generate_s(cost(1), cost(9), 8, 512) == pytest.approx(cost(512))
+    assert project_generate_s(cost(1), cost(9), 8, 1) == pytest.approx(cost(1))
 
 
 def test_gpu_generation_time_box_skips(tmp_path):

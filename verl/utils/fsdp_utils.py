@@ -16,6 +16,7 @@ and fine up to a few billion parameters per host.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -172,9 +173,76 @@ def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.f
     config = load_model_config(model_config)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    model = AutoModelForTokenClassification.from_pretrained(
-        model_config.path, config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    with _load_report_silenced():
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            model_config.path, config=config, output_loading_info=True,
+            **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    _use_value_head(model)
+    _report_value_model_load(model, info, model_config.path)
     return _finish_model(model, model_config, trainable=True)
+
+
+@contextlib.contextmanager
+def _load_report_silenced():
+    """Hold back transformers' loading report (a warning-level table) for one ``from_pretrained``.
+
+    From a causal-LM checkpoint the value head is always missing and the LM head always unexpected,
+    so transformers' report would warn on every critic load; :func:`_report_value_model_load`
+    reports only what differs from that. Errors still raise.
+    """
+    def drop_report(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    report_logger.addFilter(drop_report)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(drop_report)
+
+
+def _report_value_model_load(model: nn.Module, info: dict, path: str) -> None:
+    """Warn about checkpoint keys a critic load did not expect to miss or to skip."""
+    head = next(name for name, module in model.named_children() if isinstance(module, ValueHead))
+    missing = sorted(k for k in info["missing_keys"] if not k.startswith(f"{head}."))
+    unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith("lm_head."))
+    logger.info("critic from %s: value head %s newly initialised (the checkpoint is a causal LM)", path, head)
+    if missing:
+        logger.warning("critic from %s: %d weights missing from the checkpoint, newly initialised: %s",
+                       path, len(missing), ", ".join(missing[:10]))
+    if unexpected:
+        logger.warning("critic from %s: %d checkpoint weights not used: %s", path, len(unexpected),
+                       ", ".join(unexpected[:10]))
+
+
+class ValueHead(nn.Linear):
+    """The critic's ``nn.Linear`` head, computed as ``x @ W^T + b`` in two ops.
+
+    ``nn.Linear`` with a bias on a ``(B, T, H)`` input runs ``addmm`` on the flattened input and
+    returns a *view* of its ``(B*T, 1)`` result. That view is the value model's output, and FSDP2
+    registers the all-gather of its pre-backward hook on the root module's outputs: an in-place op
+    on a view output would silently drop that hook (torch warns "returned a view tensor"). Here the
+    bias is added out of place, so the logits own their storage. Same parameters and state-dict
+    keys as the ``nn.Linear`` it replaces; the sum differs from ``addmm``'s by rounding only.
+
+    Shapes: ``(..., in_features)`` -> ``(..., out_features)``.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.linear(hidden, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
+def _use_value_head(model: nn.Module) -> None:
+    """Swap the token-classification head (``score``, or ``classifier`` in some architectures) of
+    ``model`` for a :class:`ValueHead` holding the same parameters."""
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if type(head) is nn.Linear:
+            value_head = ValueHead(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
+            value_head.weight, value_head.bias = head.weight, head.bias
+            setattr(model, name, value_head)
+            return
 
 
 def _finish_model(model: nn.Module, model_config: Any, trainable: bool) -> nn.Module:
