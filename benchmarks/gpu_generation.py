@@ -165,9 +165,9 @@ def run_hf(shape, args, dtype, device, deadline: float) -> list[dict]:
             probe_s, _ = _hf_generate(model, prompts, 1 + PROBE_TOKENS, args.temperature)
             projected = project_generate_s(first_s, probe_s, PROBE_TOKENS, args.new_tokens)
             if projected > args.hf_config_budget_s or time.perf_counter() + projected > deadline:
-                results.append({**row, "skipped": f"projected {projected:.1f} s > budget "
+                results.append({**row, "skipped": f"projected {projected:.3g} s > budget "
                                 f"(--hf_config_budget_s {args.hf_config_budget_s} or script deadline)",
-                                "projected_s": round(projected, 1)})
+                                "projected_s": projected})
                 continue
             _reset_peak()
             seconds, tokens = _hf_generate(model, prompts, args.new_tokens, args.temperature)

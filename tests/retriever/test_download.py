@@ -129,7 +129,7 @@ def test_download_joins_decompresses_and_resumes(hub, tmp_path):
     assert ("part_ab", 0) in hub.gets and any(name == "part_ab" and start > 0 for name, start in hub.gets), \
         f"the cut-off part was not resumed: {hub.gets}\n{result.stderr[-2000:]}"
     assert not (save / "part_aa").exists() and not (save / "wiki-18.jsonl.gz").exists()
-    assert int(load_dense_index(str(index), str(corpus)).index.ntotal) == hub.num_rows
+    assert len(load_dense_index(str(index), str(corpus))) == hub.num_rows
     gets = len(hub.gets)
     again = run_download(hub, tmp_path, str(save))
     assert len(hub.gets) == gets and again.stdout.count("is complete, skipped") == 2
