@@ -5,7 +5,9 @@
         [--engine vllm|hf] [--max_turns 4]
 
 It runs the training rollout's own loop (``LLMGenerationManager``) on a batch of one and prints the
-trajectory (think/search/information/answer) and the final answer.
+trajectory (think/search/information/answer) and the final answer. A model path that is no model
+folder and a retriever that does not answer are reported in one line (exit code 2) before the
+model loads.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import sys
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,6 +38,27 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--template", default="base", help="prompt template name in search_r1.prompts.TEMPLATES")
     p.add_argument("--no_search", action="store_true", help="R1 without search")
     return p.parse_args(argv)
+
+
+def check_inputs(args) -> None:
+    """The model path and (with search) the retriever, before anything loads.
+
+    Raises:
+        ValueError: ``--model`` is no model folder / known hub id, or nothing answers at
+            ``--retriever_url``; the message says what to do.
+    """
+    from search_r1.search.client import RetrieverClient, RetrieverError
+    from verl.utils.model_path import check_model_path
+
+    check_model_path(args.model, "--model")
+    if args.no_search:
+        return
+    try:
+        RetrieverClient(args.retriever_url, topk=1, timeout=5.0, max_retries=0).retrieve(["test"])
+    except RetrieverError as err:
+        raise ValueError(f"--retriever_url {args.retriever_url}: no retriever answers ({err}); start one "
+                         "(bash retrieval_launch.sh, see README 'Try a model'), point --retriever_url at it, "
+                         "or pass --no_search") from None
 
 
 def build_manager(args):
@@ -88,9 +112,13 @@ def answer(tokenizer, manager, question: str, args) -> str:
 def main(argv=None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = parse_args(argv)
+    try:
+        check_inputs(args)
+    except ValueError as err:
+        _fail(str(err))
     tokenizer, manager = build_manager(args)
     if args.question:
-        answer(tokenizer, manager, args.question, args)
+        _answer_or_exit(tokenizer, manager, args.question, args)
         return
     while True:
         try:
@@ -99,7 +127,22 @@ def main(argv=None) -> None:
             break
         if question in ("", "exit", "quit"):
             break
+        _answer_or_exit(tokenizer, manager, question, args)
+
+
+def _answer_or_exit(tokenizer, manager, question: str, args) -> None:
+    """:func:`answer`; a retriever that stops answering ends the program with one line."""
+    from search_r1.search.client import RetrieverError
+
+    try:
         answer(tokenizer, manager, question, args)
+    except RetrieverError as err:
+        _fail(f"{err} (is the retriever at --retriever_url still running?)")
+
+
+def _fail(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -13,10 +13,12 @@ cd "$(dirname "$0")"
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 PYTHON=${PYTHON:-python}
+source scripts/require_python.sh
 N_GPUS=${N_GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)}
 RETRIEVER_URL=${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}
 
 if [ "${N_GPUS}" -gt 0 ]; then
+  require_python_modules "$(basename "$0")" torch transformers ray hydra tensordict httpx
   # Paper recipe (Search-R1 train_ppo.sh: NQ+HotpotQA, 3B base model).
   BASE_MODEL=${BASE_MODEL:-Qwen/Qwen2.5-3B}
   DATA_DIR=${DATA_DIR:-data/nq_search}
@@ -32,6 +34,8 @@ if [ "${N_GPUS}" -gt 0 ]; then
 else
   # Embedded default: small enough for 2 CPU cores in minutes. SmolLM2 first gets a short SFT warm
   # start (cached after the first run) so that GRPO/PPO groups have reward spread (docs/sft.md).
+  # It needs the training stack and, for the local BM25 retriever it starts, fastapi/uvicorn/bm25s.
+  require_python_modules "$(basename "$0")" torch transformers ray hydra tensordict httpx fastapi uvicorn bm25s
   export WARM_START=${WARM_START:-1}
   BASE_MODEL=${BASE_MODEL:-$($PYTHON -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())')}
   DATA_DIR=${DATA_DIR:-data/example_search}

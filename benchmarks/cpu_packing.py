@@ -45,10 +45,12 @@ def make_micro(rows: int, prompt_len: int, response_len: int, seed: int = 0) -> 
 
 def time_layout(model, micro: dict, remove_padding: bool, row_len: int, reps: int) -> float:
     """Mean seconds of one forward+backward after one untimed warm-up."""
-    from verl.workers.actor.dp_actor import forward_log_probs
+    from verl.workers.forward import ForwardLayout, forward_log_probs
+
+    layout = ForwardLayout(use_remove_padding=remove_padding, max_packed_row_len=row_len)
 
     def step():
-        log_probs, entropy = forward_log_probs(model, micro, 1.0, remove_padding, True, 4096, row_len)
+        log_probs, entropy = forward_log_probs(model, micro, 1.0, layout, calculate_entropy=True)
         (log_probs.sum() + entropy.sum()).backward()
 
     step()

@@ -55,7 +55,9 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 
 from benchmarks.common import save_report  # noqa: E402
 from benchmarks.shapes import build_random_model, get_shape, train_flops  # noqa: E402
-from verl.utils import varlen_attention  # noqa: E402,F401  (registers attn_implementation="torch_varlen")
+from verl.utils import varlen_attention  # noqa: E402
+
+varlen_attention.register()  # the _varlen configs build models with attn_implementation="torch_varlen"
 
 PEAK_BF16_FLOPS = 989e12  # H200 dense bf16 tensor-core peak
 ATTN_SUFFIXES = {"flex": "flex_attention", "varlen": "torch_varlen"}  # config suffix -> attn_implementation
@@ -127,15 +129,23 @@ def build_batch(prompt_lens: np.ndarray, resp_lens: np.ndarray, vocab_size: int,
 
 
 # ------------------------------------------------------------------ configurations
-def actor_config(args, packed: bool, pack_row_len: int | None = None, row_multiple: int = 1) -> dict:
-    return {"logits_chunk_size": args.logits_chunk, "packed_row_multiple": row_multiple,
-            "max_packed_row_len": args.pack_row_len if pack_row_len is None else pack_row_len,
-            "ppo_mini_batch_size": args.rows, "ppo_micro_batch_size_per_gpu": args.micro_rows,
+def actor_config(args, packed: bool) -> dict:
+    """The actor's ``ActorConfig`` keys for the update under test."""
+    return {"ppo_mini_batch_size": args.rows, "ppo_micro_batch_size_per_gpu": args.micro_rows,
             "use_dynamic_bsz": packed, "ppo_max_token_len_per_gpu": args.max_token_len,
-            "use_remove_padding": packed, "ppo_epochs": 1, "shuffle": False, "grad_clip": 1.0,
+            "ppo_epochs": 1, "shuffle": False, "grad_clip": 1.0,
             "clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.2, "clip_ratio_c": 3.0,
             "entropy_coeff": 0.001, "loss_agg_mode": "token-mean", "use_kl_loss": False,
             "tis_imp_ratio_cap": -1.0, "policy_loss": {"loss_mode": "vanilla"}}
+
+
+def forward_layout(args, packed: bool, pack_row_len: int, row_multiple: int):
+    """The forward layout under test; logit chunking and row rounding are this benchmark's knobs."""
+    from verl.workers.forward import ForwardLayout
+
+    return ForwardLayout(use_remove_padding=packed, max_packed_row_len=pack_row_len,
+                         logits_chunk_size=args.logits_chunk, packed_row_multiple=row_multiple,
+                         compiled_token_stats=args.compile in ("head", "both"))
 
 
 def _model(shape, args, variant: dict):
@@ -155,8 +165,11 @@ def _model(shape, args, variant: dict):
 def make_actor_step(shape, args, batch: dict, packed: bool, variant: dict):
     """One ``update_policy`` call of the real actor on an FSDP2-wrapped model."""
     from verl.protocol import DataProto
+    from verl.utils.config import to_typed
     from verl.utils.fsdp_utils import apply_fsdp2
+    from verl.workers.actor.config import ActorConfig
     from verl.workers.actor.dp_actor import DataParallelPPOActor
+    from verl.workers.batching import actor_update_batching
 
     model = apply_fsdp2(_model(shape, args, variant))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
@@ -164,11 +177,13 @@ def make_actor_step(shape, args, batch: dict, packed: bool, variant: dict):
     # to 2048 so the compiled kernel sees few distinct shapes; sdpa: rows of <= --pack_row_len
     # tokens, a multiple of 64 (aligned mask for the memory-efficient kernel)
     flex = variant["attn"] == "flex_attention"
-    config = actor_config(args, packed, 0 if flex else None, 2048 if flex else 64)
-    actor = DataParallelPPOActor(config, model, optimizer)
+    config = to_typed(ActorConfig, actor_config(args, packed))
+    layout = forward_layout(args, packed, 0 if flex else args.pack_row_len, 2048 if flex else 64)
+    actor = DataParallelPPOActor(config, model, optimizer, layout=layout,
+                                 update=actor_update_batching(config, rollout_n=1, world_size=1))
     device = next(model.parameters()).device
-    data = DataProto.from_dict(tensors={k: v.to(device) for k, v in batch.items()}, meta_info={"temperature": 1.0})
-    return (lambda: actor.update_policy(data)), (model, optimizer, actor, data)
+    data = DataProto.from_dict(tensors={k: v.to(device) for k, v in batch.items()})
+    return (lambda: actor.update_policy(data, 1.0)), (model, optimizer, actor, data)
 
 
 def make_baseline_step(shape, args, batch: dict, variant: dict):
@@ -309,10 +324,6 @@ def goals(shapes: dict) -> dict:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.compile in ("head", "both"):
-        from verl.utils.torch_functional import use_compiled_token_stats
-
-        use_compiled_token_stats(True)
     deadline = time.perf_counter() + args.time_budget_s
     prompt_lens, resp_lens = sample_lengths(args)
     report = {"benchmark": "train_update_actor", "weights": "random init (no pretrained weights; throughput only)",

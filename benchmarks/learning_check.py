@@ -69,7 +69,7 @@ CPU_ARGS = [
     "actor_rollout_ref.actor.ppo_micro_batch_size=8", "actor_rollout_ref.rollout.log_prob_micro_batch_size=8",
     "actor_rollout_ref.ref.log_prob_micro_batch_size=8",
     "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.max_packed_row_len=1024",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=false",
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
     "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "actor_rollout_ref.rollout.dtype=float32",
 ]
@@ -79,7 +79,7 @@ GPU_ARGS = [
     "actor_rollout_ref.actor.ppo_micro_batch_size=64", "actor_rollout_ref.rollout.log_prob_micro_batch_size=64",
     "actor_rollout_ref.ref.log_prob_micro_batch_size=64", "actor_rollout_ref.rollout.gpu_memory_utilization=0.1",
     "actor_rollout_ref.model.enable_gradient_checkpointing=false",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
+    "actor_rollout_ref.actor.fsdp_config.param_offload=false",
     "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
 ]
 

@@ -100,8 +100,9 @@ def main() -> None:
         retriever = RetrieverClient(server.retrieve_url, topk=3)
         results = []
         for name in ("vllm", "hf"):
-            engine = build_rollout_engine({"name": name, "dtype": "float32", "max_model_len": 2048,
-                                           "max_batch_size": args.batch_size}, model, tokenizer)
+            options = {"max_batch_size": args.batch_size} if name == "hf" else {}
+            engine = build_rollout_engine({"name": name, "dtype": "float32", "max_model_len": 2048}, model, tokenizer,
+                                          **options)
             results.append(run_engine(name, engine, tokenizer, retriever, prompts, args))
             if name == "vllm":
                 weight_sync = time_weight_push(engine, model)

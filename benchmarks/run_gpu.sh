@@ -11,6 +11,9 @@
 set -uo pipefail
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
+# vLLM's engine in the benchmark's own process: it initialises CUDA before vLLM starts, and a
+# multiprocess engine forks after that and fails.
+export VLLM_ENABLE_V1_MULTIPROCESSING=${VLLM_ENABLE_V1_MULTIPROCESSING:-0}
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 train_only=${TRAIN_ONLY:-0}

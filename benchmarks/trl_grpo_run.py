@@ -75,7 +75,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
-    model = AutoModelForCausalLM.from_pretrained(args.model, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     config = GRPOConfig(
         output_dir="/tmp/trl_grpo_bench", use_cpu=True, bf16=False, report_to=[], save_strategy="no",
         max_steps=args.steps, logging_steps=1, learning_rate=1e-6, beta=0.001,

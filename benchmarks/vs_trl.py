@@ -154,7 +154,7 @@ def main() -> None:
                          "ours checkpoints, as TRL's GRPOConfig (gradient_checkpointing=True) does")
     ap.add_argument("--override", action="append", default=[], metavar="KEY=VALUE",
                     help="extra Hydra override for our runs (repeatable), e.g. "
-                         "actor_rollout_ref.actor.update_mmap_threshold_mib=null")
+                         "trainer.host_memory.update_mmap_threshold_mib=null")
     args = ap.parse_args()
     extra = tuple(args.override)
     work = Path(tempfile.mkdtemp(prefix="vs_trl_"))

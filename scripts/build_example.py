@@ -8,7 +8,8 @@ Writes FlashRAG-style folders ``example/qa/<source>/<split>.jsonl`` (read by
 
 Choices, and why:
 * train = AmbigQA train (NQ-open *train* questions, standing in for NQ train) as ``nq/train`` plus
-  HotpotQA train and part of HotpotQA dev as ``hotpotqa/train``;
+  HotpotQA train and part of HotpotQA dev as ``hotpotqa/train``; only the latter has linked
+  passages (kept in the corpus), so the embedded RL default trains on it alone;
 * test = 30 questions of each of Search-R1's seven evaluation sources, preferring questions whose
   answer occurs in their linked passages, so search can help;
 * no train question shares its normalised text with any example test question, nor with NQ's
@@ -199,7 +200,11 @@ hand; rerun the builder.
 
 Training set: `nq/train` holds **AmbigQA train** questions (NQ-open *train* questions; NQ train
 itself is not available offline), `hotpotqa/train` holds the HotpotQA train questions plus HotpotQA
-dev questions. Test set: {num_test} questions per source for Search-R1's seven evaluation sources
+dev questions. Only `hotpotqa/train` has passages in `corpus.jsonl` (its gold paragraphs); the shared
+data links no passage to AmbigQA questions, so search cannot answer `nq/train`, and the embedded
+training default (`scripts/quickstart.py --train-sources`, used by `train_*.sh` without a GPU)
+trains on `hotpotqa/train` alone; `nq/train` serves the data-processing scripts and the paper's
+NQ + HotpotQA mix (`--train-sources nq,hotpotqa`). Test set: {num_test} questions per source for Search-R1's seven evaluation sources
 (FlashRAG split names: test, else dev), preferring questions whose answer occurs in their linked
 passages (2Wiki and MuSiQue dev have no linked passages). No train question has the normalised text of
 an example test question or of an NQ evaluation question (checked by the builder).

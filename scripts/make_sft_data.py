@@ -39,8 +39,9 @@ FIRST_THOUGHTS = [
     "I am not sure of the answer, so I will search first.",
     "To answer this I should look it up.",
 ]
-# The second think must read clearly unlike the first (v1's model repeated the first one and searched
-# again) and state the answer it found, so copying from <information> is what gets imitated.
+# The second think must read clearly unlike the first (a model shown one kind of think repeats it and
+# searches again; docs/sft.md) and state the answer it found, so copying from <information> is what
+# gets imitated.
 FINAL_THOUGHTS = [
     "The passages say {answer}, so the answer is {answer}.",
     "I found it: the documents show the answer is {answer}.",

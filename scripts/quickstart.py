@@ -1,15 +1,20 @@
 """The embedded default run, end to end: data, retriever, training (what ``train_*.sh`` call).
 
     python scripts/quickstart.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
-                                 [--train-sources nq,hotpotqa] [--test-sources SOURCES]
+                                 [--train-sources hotpotqa] [--test-sources SOURCES]
                                  [--retriever-url URL] [--no-retriever] [key=value ...]
 
-1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` when they are missing (NQ + HotpotQA
-   train, the seven QA sources' test sets, as in the paper; ``scripts/data_process/qa_search_*_merge.py``);
+1. prepares ``<data-dir>/{train,test}.parquet`` from ``--qa-dir`` when they are missing, or when
+   they were built here from other sources (``sources.json`` records them): by default HotpotQA train
+   (the questions whose gold paragraphs ``example/corpus.jsonl`` holds; the example's NQ-style train
+   questions have no passage there, so search cannot help on them) and the seven QA sources' test
+   sets as in the paper (``scripts/data_process/qa_search_*_merge.py``);
 2. optional warm start (``WARM_START=1``): the SFT step of issue 8 runs once and its checkpoint
    becomes the initial policy (hook: :func:`maybe_warm_start`);
 3. if no retriever answers at ``--retriever-url``: builds a BM25 index over ``--corpus`` once
-   (cached under ``--data-dir``) and starts a retrieval server in the background, stopped at the end;
+   (cached under ``--data-dir``) and starts a retrieval server in the background, stopped at the end,
+   its log in ``<trainer.default_local_dir>/logs/retrieval_server.log`` (a temporary file, removed
+   after a clean stop, when the overrides do not name that folder);
 4. runs ``python -m verl.trainer.main_ppo`` with the remaining ``key=value`` overrides.
 """
 
@@ -21,7 +26,6 @@ import os
 import shlex
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -35,8 +39,9 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", default="data/example_search")
     parser.add_argument("--qa-dir", default="example/qa", help="FlashRAG-style QA jsonl folder")
-    parser.add_argument("--train-sources", default="nq,hotpotqa",
-                        help="QA sources of train.parquet (the paper's mix; used when the data is built)")
+    parser.add_argument("--train-sources", default="hotpotqa",
+                        help="QA sources of train.parquet (used when the data is built). Default: the ones "
+                             "example/corpus.jsonl answers; the paper's mix is nq,hotpotqa")
     parser.add_argument("--test-sources", default=None,
                         help="QA sources of test.parquet (default: the seven of the paper)")
     parser.add_argument("--corpus", default="example/corpus.jsonl")
@@ -55,19 +60,30 @@ def run(cmd: list[str], **kwargs) -> None:
     subprocess.run(cmd, check=True, cwd=REPO, **kwargs)
 
 
-def ensure_data(data_dir: Path, qa_dir: Path, train_sources: str = "nq,hotpotqa",
+def ensure_data(data_dir: Path, qa_dir: Path, train_sources: str = "hotpotqa",
                 test_sources: str | None = None) -> None:
-    """Write Search-R1 parquet files from the QA jsonl files unless they exist."""
+    """Write Search-R1 parquet files from the QA jsonl files unless they exist.
+
+    Files this function built from other sources (its ``sources.json`` differs) are rebuilt; files
+    without that record (made by the user, or by an older version) are kept, with a note.
+    """
+    stamp = data_dir / "sources.json"
+    wanted = {"train": train_sources, "test": test_sources, "qa_dir": str(qa_dir)}
     if (data_dir / "train.parquet").exists() and (data_dir / "test.parquet").exists():
-        return
+        if not stamp.exists():
+            print(f"note: using the existing {data_dir}/{{train,test}}.parquet as they are (delete them to "
+                  f"rebuild from {qa_dir} with --train-sources {train_sources})", flush=True)
+            return
+        if json.loads(stamp.read_text()) == wanted:
+            return
     if not qa_dir.is_dir():
         raise SystemExit(f"error: no {data_dir}/train.parquet and no QA folder {qa_dir} to build it from")
-    # The paper's mix by default: NQ + HotpotQA for training, the seven QA sources for evaluation.
     run([sys.executable, "scripts/data_process/qa_search_train_merge.py", "--local_dir", str(data_dir),
          "--data_sources", train_sources, "--input_dir", str(qa_dir)])
     sources = ["--data_sources", test_sources] if test_sources else []
     run([sys.executable, "scripts/data_process/qa_search_test_merge.py", "--local_dir", str(data_dir),
          "--input_dir", str(qa_dir), *sources])
+    stamp.write_text(json.dumps(wanted) + "\n")
 
 
 def maybe_warm_start(overrides: list[str]) -> list[str]:
@@ -103,40 +119,44 @@ def build_index(corpus: Path, index_dir: Path) -> None:
 
 
 @contextmanager
-def local_retriever(args: argparse.Namespace):
-    """Start a BM25 retrieval server when none answers at the URL; stop it on exit."""
+def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
+    """Start a BM25 retrieval server when none answers at the URL; stop it on exit.
+
+    Its output goes to ``log_path`` (kept; the train scripts put it beside the run's outputs) or,
+    when None, to a temporary file removed after a clean stop.
+    """
     if args.no_retriever or retriever_answers(args.retriever_url):
         yield
         return
+    from search_r1.search.launcher import launch_server
+
     corpus = (REPO / args.corpus).resolve()
     # Built indexes live with the prepared data (ignored by git), not beside the tracked corpus.
     index_dir = Path(args.index_dir) if args.index_dir else REPO / args.data_dir / f"{corpus.stem}.bm25"
     build_index(corpus, index_dir)
     parsed = urlparse(args.retriever_url)
-    cmd = [sys.executable, "-m", "search_r1.search.retrieval_server", "--retriever_name", "bm25",
-           "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus), "--topk", "3",
-           "--host", parsed.hostname or "127.0.0.1", "--port", str(parsed.port or 8000)]
-    print("+ " + shlex.join(cmd) + " &", flush=True)
-    server = subprocess.Popen(cmd, cwd=REPO)
+    server_args = ["--retriever_name", "bm25", "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus),
+                   "--topk", "3"]
+    where = f" (log: {log_path})" if log_path else ""
+    print(f"+ retrieval server on {args.retriever_url} over {corpus}{where}", flush=True)
     try:
-        _wait_for(args.retriever_url, server)
+        # the server imports search_r1 from this checkout wherever the quickstart was started from
+        env = {"PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p)}
+        server = launch_server(server_args, host=parsed.hostname or "127.0.0.1", port=parsed.port or 8000,
+                               log_path=log_path, env=env)
+    except RuntimeError as err:
+        raise SystemExit(f"error: {err}") from None
+    with server:
         yield
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
-def _wait_for(url: str, server: subprocess.Popen, timeout_s: float = 300.0) -> None:
-    deadline = time.time() + timeout_s
-    while not retriever_answers(url):
-        if server.poll() is not None:
-            raise SystemExit(f"error: the retrieval server exited with code {server.returncode}")
-        if time.time() > deadline:
-            raise SystemExit(f"error: no retriever answered at {url} after {timeout_s:.0f} s")
-        time.sleep(1.0)
+def run_output_dir(overrides: list[str]) -> Path | None:
+    """``trainer.default_local_dir`` when the overrides set it (the train scripts do), else None."""
+    for override in reversed(overrides):
+        key, _, value = override.partition("=")
+        if key.lstrip("+~") == "trainer.default_local_dir" and value:
+            return REPO / value
+    return None
 
 
 def main(argv=None) -> int:
@@ -148,7 +168,8 @@ def main(argv=None) -> int:
                 f"retriever.url={args.retriever_url}"]
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
-    with local_retriever(args):
+    out = run_output_dir(overrides)
+    with local_retriever(args, out / "logs" / "retrieval_server.log" if out else None):
         cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *defaults, *overrides]
         print("+ " + shlex.join(cmd), flush=True)
         return subprocess.run(cmd, cwd=REPO).returncode

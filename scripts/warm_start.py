@@ -5,7 +5,7 @@ group has zero reward spread. A short SFT on search-then-answer demonstrations
 (``scripts/make_sft_data.py``) teaches the tag format; RL then has signal. The result is cached under
 ``<cache_root>/warm_start/<name>/`` (``~/.cache/search_r1`` or ``$SEARCH_R1_CACHE``) and reused.
 
-    python scripts/warm_start.py                 # build if missing, print the HF folder
+    python scripts/warm_start.py                 # build if missing, print the HF folder (labelled)
     python scripts/warm_start.py --evaluate 24   # + greedy answer-tag rate and EM on test questions
     python scripts/warm_start.py --evaluate 24 --eval_base   # ... and the base model too
     python scripts/warm_start.py --output DIR    # also link DIR/huggingface -> the cached folder
@@ -31,12 +31,11 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
         sys.path.insert(0, _p)
 
 WARM_START_NAME = "smollm2-135m-search-sft-v2"  # bump when the recipe below changes
-# Sized for 2 shared CPU cores, where SmolLM2 trains at only ~60 tokens/s (forward + backward).
-# v1 (48 top-1 demos, 6 steps at lr 1e-4) learned to search but then searched again instead of
-# answering. v2: observations exactly as the embedded RL default shows them (retriever topk 3, cut
-# to data.max_obs_length=128 tokens by the generation manager's ObservationEncoder), a second think
-# that states the answer found, answer-grounded demos, and 20 steps at lr 3e-4 (2 epochs of 40 demos,
-# batch 4, ~375 tokens each). Measured in docs/sft.md.
+# Sized for 2 shared CPU cores: 40 demonstrations whose observations are exactly what the embedded
+# RL default shows (retriever topk 3, cut to data.max_obs_length=128 tokens by the generation
+# manager's ObservationEncoder), each with a second think that states the answer found; 20 steps at
+# lr 3e-4 (2 epochs of 40 demos, batch 4, ~375 tokens each). The recipes tried and their measured
+# effect are in docs/sft.md.
 NUM_DEMOS, NUM_VAL, DEMO_TOPK, DEMO_MAX_OBS_LENGTH = 40, 4, 3, 128
 SFT_OVERRIDES = [
     "data.max_length=1024", "data.truncation=drop", "data.train_batch_size=4", "data.use_dynamic_bsz=true",
@@ -164,8 +163,10 @@ def main(argv=None) -> None:
         if link.is_symlink() or link.exists():
             link.unlink()
         link.symlink_to(path, target_is_directory=True)
+        print(f"warm start: RL starts from {link} (-> {path})")
         path = str(link)
-    print(path)
+    else:
+        print(f"warm start: HF folder {path}")
     if args.evaluate:
         from verl.utils.model_zoo import smollm2_dir
 

@@ -7,6 +7,7 @@ changes what a trained model sees.
 
 from __future__ import annotations
 
+import re
 from typing import Iterable, Mapping
 
 # Search-R1 scripts/data_process/nq_search.py, make_prefix(template_type="base").
@@ -95,3 +96,9 @@ def format_observation(passages: str) -> str:
     not inside the block.
     """
     return f"\n\n<information>{passages.strip()}</information>\n\n"
+
+
+# The text the search loop itself writes into a trajectory: observation blocks (format_observation)
+# and the invalid-action message. SFT on search trajectories trains on everything else.
+ENVIRONMENT_TEXT = re.compile(
+    r"(\n\n<information>.*?</information>\n\n|" + re.escape(INVALID_ACTION_MESSAGE) + ")", re.DOTALL)

@@ -44,8 +44,7 @@ from search_r1.llm_agent.tensor_helper import pad_rows, position_ids_from_mask
 from search_r1.llm_agent.trajectory import Trajectory
 from verl.protocol import DataProto
 from verl.workers.rollout.base import RolloutOutput, SamplingParams
-
-MODES = ("sync", "async")
+from verl.workers.rollout.config import ROLLOUT_MODES as MODES
 
 
 @dataclass

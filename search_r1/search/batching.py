@@ -33,6 +33,7 @@ class BatchStats:
     queries: int = 0
     encode_s: float = 0.0
     search_s: float = 0.0
+    rerank_s: float = 0.0
     compute_s: float = 0.0
     max_batch_queries_seen: int = 0
     extra: dict = field(default_factory=dict)
@@ -148,5 +149,6 @@ class MicroBatcher:
         stats.queries += num_queries
         stats.encode_s += timings.get("encode_s", 0.0)
         stats.search_s += timings.get("search_s", 0.0)
+        stats.rerank_s += timings.get("rerank_s", 0.0)
         stats.compute_s += elapsed
         stats.max_batch_queries_seen = max(stats.max_batch_queries_seen, num_queries)

@@ -18,9 +18,9 @@ from .corpus import Corpus
 from .dense import hits_from_arrays
 
 # bm25s imports jax when it is installed and runs a top-k at import time; on a GPU machine that
-# initialises XLA's GPU client, which preallocates 75% of the GPU's memory for a CPU-side index
-# (seen on the H200: a BM25 server holding 105 GiB, and the trainer then out of memory). Top-k over
-# BM25 scores is cheap on the CPU; keep jax there.
+# initialises XLA's GPU client, which preallocates 75% of the GPU's memory for a CPU-side index and
+# leaves the trainer out of memory (docs/benchmarks.md, GPU pipeline). Top-k over BM25 scores is
+# cheap on the CPU; keep jax there.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 TOKENIZER_FILE = "search_r1_bm25_tokenizer.json"

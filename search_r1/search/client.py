@@ -11,6 +11,9 @@ rendered by ``search_r1.prompts`` (``format_passages``/``format_observation``), 
 The async rollout sends one query per request, one request per searching trajectory: ``session()``
 gives it one shared connection pool for all of them, and the rollout keeps at most
 ``max_concurrency`` of them in flight, the same cap on queries in flight as the sync loop's.
+
+``num_queries`` / ``num_empty_results`` count the queries sent and those answered with no passage
+(a web backend serves an empty result for a query whose API call failed), for the trainer's metrics.
 """
 
 from __future__ import annotations
@@ -59,6 +62,8 @@ class RetrieverClient:
         self.topk, self.timeout, self.max_retries = topk, timeout, max_retries
         self.batch_size, self.max_concurrency, self.backoff = batch_size, max_concurrency, backoff
         self.return_scores = return_scores
+        self.num_queries = 0
+        self.num_empty_results = 0
 
     async def aretrieve(self, queries: Sequence[str], http: httpx.AsyncClient | None = None) -> list[list[dict]]:
         """Top-``topk`` results for each query, in query order.
@@ -85,7 +90,10 @@ class RetrieverClient:
                     return await self._post_with_retries(client, batch)
 
             parts = await asyncio.gather(*(bounded(b) for b in batches))
-        return [hits for part in parts for hits in part]
+        results = [hits for part in parts for hits in part]
+        self.num_queries += len(results)
+        self.num_empty_results += sum(1 for hits in results if not hits)
+        return results
 
     @property
     def max_requests_in_flight(self) -> int:

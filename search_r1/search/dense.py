@@ -1,7 +1,9 @@
 """Dense retrieval: a FAISS index over a corpus, queried with an ``Encoder``.
 
 The FAISS index is any index-factory index (``Flat``, ``HNSW32``, ``IVF4096,PQ64`` ...) whose row i is
-corpus line i, so indexes written by Search-R1/FlashRAG (``e5_Flat.index``) load unchanged.
+corpus line i, so indexes written by Search-R1/FlashRAG (``e5_Flat.index``) load unchanged. Flat
+inner-product indexes are usually served by ``FlatShards`` (torch) rather than FAISS: see
+``loading`` for who searches where.
 """
 
 from __future__ import annotations
@@ -16,51 +18,35 @@ from .encoders import Encoder
 from .flat_shards import FlatShards, flat_ip_vectors
 
 
-def faiss_has_gpu() -> bool:
-    """Whether the installed FAISS is a GPU build that sees at least one GPU."""
-    import faiss
-
-    return hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0
-
-
-def load_faiss_index(index_path: str, use_gpu: bool = False):
-    """Read a FAISS index file; with ``use_gpu`` and a GPU build of FAISS, shard it in fp16 over all
-    visible GPUs (sharding rather than replicating lets a 60 GB wiki-18 Flat index fit; fp16 halves it
-    again, as Search-R1's ``--faiss_gpu`` does). Without a GPU build the CPU index is returned and
-    ``DenseIndex`` shards its vectors over the GPUs with torch instead (``flat_shards``).
-    """
-    import faiss
-
-    index = faiss.read_index(index_path)
-    if not (use_gpu and faiss_has_gpu()):
-        return index
-    options = faiss.GpuMultipleClonerOptions()
-    options.useFloat16 = True
-    options.shard = True
-    return faiss.index_cpu_to_all_gpus(index, co=options)
-
-
 class DenseIndex:
-    """A FAISS index paired with its corpus.
+    """Vectors paired with their corpus: a FAISS index, or ``FlatShards`` searched with torch.
 
     Args:
-        index: a FAISS index with ``index.ntotal == len(corpus)``.
+        index: a FAISS index (CPU or GPU) or a ``FlatShards``, with as many rows as ``corpus``.
         corpus: the passages, in index row order.
-        torch_devices: search a Flat inner-product index with torch, its vectors sharded in fp16 over
-            these devices (``--faiss_gpu`` without a GPU build of FAISS). None: CPU search.
+        torch_devices: for a CPU FAISS ``IndexFlatIP``: search its vectors with torch, sharded in
+            fp16 over these devices (``--faiss_gpu`` without a GPU build of FAISS). None: CPU search.
+        faiss_gpus: the GPUs a FAISS GPU ``index`` lives on (reported by ``search_devices``).
 
     Raises:
         ValueError: the index and corpus sizes differ; ``torch_devices`` with an index that is not
-            ``IndexFlatIP`` (other types need the ``faiss-gpu`` package for GPU search).
+            an inner-product Flat index (other types need a GPU build of FAISS for GPU search).
     """
 
-    def __init__(self, index, corpus: Corpus, torch_devices: list[str] | None = None):
+    def __init__(self, index, corpus: Corpus, torch_devices: list[str] | None = None,
+                 faiss_gpus: list[int] | None = None):
         import torch
 
-        if index.ntotal != len(corpus):
-            raise ValueError(f"index has {index.ntotal} vectors but corpus {corpus.path} has {len(corpus)} rows")
-        self.index = index  # owns the memory the CPU shard views
+        ntotal = index.ntotal
+        if ntotal != len(corpus):
+            raise ValueError(f"index has {ntotal} vectors but corpus {corpus.path} has {len(corpus)} rows")
         self.corpus = corpus
+        self.faiss_gpus = list(faiss_gpus or [])
+        self.load_s: dict = {}  # seconds per start-up part, set by ``loading.load_dense_index``
+        if isinstance(index, FlatShards):
+            self.index, self._shards = None, index
+            return
+        self.index = index  # owns the memory a CPU shard views
         vectors = flat_ip_vectors(index)
         if torch_devices and vectors is None:
             raise ValueError(f"GPU search without faiss-gpu supports Flat inner-product indexes only, "
@@ -73,15 +59,18 @@ class DenseIndex:
 
     @property
     def search_devices(self) -> list[str]:
-        """Where the vector search runs (``["faiss"]`` when FAISS's own search serves it)."""
-        return self._shards.devices if self._shards is not None else ["faiss"]
+        """Where the vector search runs: torch devices (``cuda:0``, ``cpu``), ``faiss:cuda:N`` for
+        FAISS GPU indexes, ``faiss`` for FAISS on the CPU."""
+        if self._shards is not None:
+            return self._shards.devices
+        return [f"faiss:cuda:{g}" for g in self.faiss_gpus] or ["faiss"]
 
     @property
     def dim(self) -> int:
-        return int(self.index.d)
+        return self._shards.dim if self._shards is not None else int(self.index.d)
 
     def __len__(self) -> int:
-        return int(self.index.ntotal)
+        return self._shards.ntotal if self._shards is not None else int(self.index.ntotal)
 
     def search_vectors(self, vectors: np.ndarray, topk: int) -> list[list[dict]]:
         """Top-``topk`` documents for each query vector.
@@ -92,13 +81,16 @@ class DenseIndex:
             per query, up to ``topk`` items ``{"document": {"id", "contents"}, "score": float}`` in
             descending score order (fewer when the index is smaller than ``topk``).
         """
+        scores, ids = self.search_ids(vectors, topk)
+        return hits_from_arrays(self.corpus, ids, scores)
+
+    def search_ids(self, vectors: np.ndarray, topk: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and row ids ``(num_queries, min(topk, len))`` (ids < 0: fewer hits than asked)."""
         topk = min(topk, len(self))
         vectors = np.ascontiguousarray(vectors, dtype=np.float32)
         if self._shards is not None:
-            scores, ids = self._shards.search(vectors, topk)
-        else:
-            scores, ids = self.index.search(vectors, topk)
-        return hits_from_arrays(self.corpus, ids, scores)
+            return self._shards.search(vectors, topk)
+        return self.index.search(vectors, topk)
 
 
 def hits_from_arrays(corpus: Corpus, ids: np.ndarray, scores: np.ndarray) -> list[list[dict]]:
@@ -133,13 +125,15 @@ class DenseRetriever:
         self.dense_index = dense_index
         self.encoder = encoder
         self.query_batch_size = query_batch_size or (16 if encoder.device == "cpu" else 256)
+        self.load_s: dict = {}  # seconds per start-up part, set by ``loading.load_dense_retriever``
 
     def __len__(self) -> int:
         return len(self.dense_index)
 
     def describe(self) -> dict:
         return {"kind": self.kind, "encoder": self.encoder.spec.to_dict(), "index_size": len(self),
-                "encoder_device": self.encoder.device, "search_devices": self.dense_index.search_devices}
+                "encoder_device": self.encoder.device, "search_devices": self.dense_index.search_devices,
+                "load_s": self.load_s}
 
     def search(self, queries: Sequence[str], topk: int, timings: dict | None = None) -> list[list[dict]]:
         """Top-``topk`` hits per query (see ``DenseIndex.search_vectors``); adds ``encode_s`` and

@@ -29,6 +29,8 @@ class IndexMeta:
         dim: vector dimension (dense only).
         encoder: the ``EncoderSpec`` as a dict (dense only).
         corpus: ``{"path", "num_rows", "first_id", "last_id"}``.
+        search_params: FAISS search-time parameters the server applies (``{"nprobe": 64}`` for IVF,
+            ``{"efSearch": 128}`` for HNSW); None for exact indexes.
     """
 
     retrieval_method: str
@@ -37,6 +39,7 @@ class IndexMeta:
     dim: int | None = None
     encoder: dict | None = None
     bm25: dict | None = None
+    search_params: dict | None = None
     version: int = META_VERSION
     extra: dict = field(default_factory=dict)
 

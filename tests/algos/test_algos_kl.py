@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from verl.algorithms.config import KLControlConfig
 from verl.trainer.ppo.core_algos import (
     AdaptiveKLController,
     FixedKLController,
@@ -88,14 +89,14 @@ def test_adaptive_controller_follows_ziegler_update():
 
 
 def test_fixed_controller_and_factory():
-    fixed = get_kl_controller({"type": "fixed", "kl_coef": 0.02})
+    fixed = get_kl_controller(KLControlConfig(type="fixed", kl_coef=0.02))
     fixed.update(current_kl=5.0, n_steps=100)
     assert isinstance(fixed, FixedKLController) and fixed.value == 0.02
-    adaptive = get_kl_controller({"type": "adaptive", "kl_coef": 0.3, "target_kl": 0.1, "horizon": 50})
+    adaptive = get_kl_controller(KLControlConfig(type="adaptive", kl_coef=0.3, target_kl=0.1, horizon=50))
     assert isinstance(adaptive, AdaptiveKLController)
     assert (adaptive.value, adaptive.target, adaptive.horizon) == (0.3, 0.1, 50)
     with pytest.raises(ValueError, match="unknown algorithm.kl_ctrl.type 'pid'"):
-        get_kl_controller({"type": "pid"})
+        get_kl_controller(KLControlConfig(type="pid"))
 
 
 def test_apply_kl_penalty_masks_and_updates_controller(batch_mask):

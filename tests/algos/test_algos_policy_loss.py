@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from verl.workers.actor.config import ActorConfig
 from verl.trainer.ppo.core_algos import (
     LOSS_AGG_MODES,
     POLICY_LOSS_REGISTRY,
@@ -19,7 +20,7 @@ from verl.trainer.ppo.core_algos import (
     register_policy_loss,
 )
 
-CONFIG = {"clip_ratio": 0.2, "clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+CONFIG = ActorConfig(clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0)
 RATIOS = [0.5, 0.79, 0.9, 1.0, 1.1, 1.27, 1.5, 2.5, 5.0]
 
 
@@ -62,11 +63,12 @@ def mean_neg_log(ratios):
 def test_clip_ratio_sets_both_bounds_and_dual_clip_bound_checked():
     old_lp, lp, adv, ratios = ratio_grid()
     mask = torch.ones_like(adv)
-    loss, _ = get_policy_loss_fn("vanilla")(old_lp, lp, adv, mask, "token-mean", {"clip_ratio": 0.1})
+    loss, _ = get_policy_loss_fn("vanilla")(old_lp, lp, adv, mask, "token-mean",
+                                           ActorConfig(clip_ratio=0.1, clip_ratio_low=None, clip_ratio_high=None))
     expected = [ppo_token_loss(r, a, 0.1, 0.1, 3.0) for r, a in zip(ratios.flatten().tolist(), adv.flatten().tolist())]
     assert loss.item() == pytest.approx(sum(expected) / len(expected), rel=1e-12)
     with pytest.raises(ValueError, match="clip_ratio_c must be > 1.0"):
-        get_policy_loss_fn("vanilla")(old_lp, lp, adv, mask, "token-mean", {"clip_ratio_c": 1.0})
+        get_policy_loss_fn("vanilla")(old_lp, lp, adv, mask, "token-mean", ActorConfig(clip_ratio_c=1.0))
 
 
 def test_rollout_is_weights_multiply_per_token_loss():
@@ -93,7 +95,7 @@ def test_gspo_sequence_ratio_value_and_gradient():
     lp = (old_lp + 0.05 * torch.randn(3, 5, dtype=torch.float64, generator=gen)).requires_grad_(True)
     adv = torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64)[:, None].expand(3, 5).contiguous()
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 0, 0, 1, 1], [1, 1, 1, 1, 1]], dtype=torch.float64)
-    config = {"clip_ratio_low": 0.02, "clip_ratio_high": 0.03}
+    config = ActorConfig(clip_ratio_low=0.02, clip_ratio_high=0.03)
     loss, metrics = get_policy_loss_fn("gspo")(old_lp, lp, adv, mask, "seq-mean-token-mean", config)
     loss.backward()
     expected_loss, clipped_tokens = 0.0, 0

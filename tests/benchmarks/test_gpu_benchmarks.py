@@ -56,7 +56,7 @@ def test_gpu_generation_tiny(tmp_path):
 def test_gpu_generation_goals_use_the_median_of_repeated_runs():
     """Repeated batch-256 runs (the host-side share of a decode step varies between them) are
     judged by their median, for the bound fraction and for the ratio to transformers."""
-    from benchmarks.gpu_generation import goals, host_probe_ms
+    from benchmarks.gpu_generation import goals
 
     def run(tps, frac, decode_frac):
         return {"batch": 256, "tokens_per_s": tps, "fraction_of_bound": frac, "decode_fraction_of_bound": decode_frac}
@@ -71,7 +71,30 @@ def test_gpu_generation_goals_use_the_median_of_repeated_runs():
     assert goals({"s": {"vllm": {"runs": [run(30.0, 0.20, 0.24)]}}})["s"]["goal_25pct_bound_met_decode_only"] is False
     two = goals({"s": {"vllm": {"runs": [run(50.0, 0.33, 0.35), run(30.0, 0.20, 0.22)]}}})["s"]
     assert two["vllm_fraction_of_bound_at_256"] == 0.20  # an even count takes the lower middle run
-    assert host_probe_ms(1000) > 0
+
+
+def test_host_probe_keeps_sub_millisecond_resolution():
+    """The probe reports the clock's full resolution: a short probe (1,000 loops take tens of
+    microseconds on a fast host) is not rounded to 0. The clock is given, so the figure does not
+    depend on the host's speed."""
+    from benchmarks.gpu_generation import host_probe_ms
+
+    ticks = iter([5_000, 45_000])  # nanoseconds: 40 us between the two reads
+    assert host_probe_ms(1000, clock=lambda: next(ticks)) == pytest.approx(0.04, rel=1e-12)
+
+
+def test_generate_projection_counts_the_prefill_once():
+    """Two warm calls (1 and 1 + 8 new tokens) give the prefill and the per-token decode time; a
+    call of any length is their line. Here ``generate`` costs 2.0 s for the prefill and first
+    token plus 0.1 s per further token, so 512 tokens take 53.1 s (scaling the 8-token call by
+    512 / 8 would say 172.8 s)."""
+    from benchmarks.gpu_generation import project_generate_s
+
+    def cost(new_tokens):
+        return 2.0 + 0.1 * (new_tokens - 1)
+
+    assert project_generate_s(cost(1), cost(9), 8, 512) == pytest.approx(cost(512))
+    assert project_generate_s(cost(1), cost(9), 8, 1) == pytest.approx(cost(1))
 
 
 def test_gpu_generation_time_box_skips(tmp_path):
@@ -127,3 +150,29 @@ def test_saved_random_model_loads_with_the_borrowed_tokenizer(tmp_path, smollm2_
     assert sum(p.numel() for p in model.parameters()) == shapes.total_params(small)
     assert model.config.eos_token_id == tokenizer.eos_token_id
     assert model.generation_config.eos_token_id == tokenizer.eos_token_id
+
+
+def test_retriever_scale_benchmark_end_to_end_at_a_tiny_size(tmp_path):
+    """All four stages through real servers (CPU): the report has every figure the device run reports."""
+    out = tmp_path / "report.json"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "retriever_scale.py"), "--data_dir",
+                           str(tmp_path / "data"), "--num_vectors", "3000", "--encoder_layers", "1",
+                           "--load_scale", "0.002", "--ann_vectors", "2000", "--ann_nlist", "16", "--pq_bytes", "8",
+                           "--hnsw_m", "8", "--output", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["retriever"]["num_vectors"] == 3000 and report["meta"]["commit"]
+    assert report["start"]["cold_first"]["resident_before"]["synthetic_Flat.index"] < 0.5
+    assert report["start"]["cold_restart"]["load_s"]["corpus"] > 0
+    load = report["load"]["cpu"]
+    assert {"concurrent_1", "concurrent_64", "concurrent_256", "batch_512"} <= set(load)
+    assert all(load[k]["qps"] > 0 and load[k]["p99_ms"] >= load[k]["p50_ms"] for k in ("concurrent_256", "batch_512"))
+    entries = {(e["name"], json.dumps(e.get("params"))): e for e in report["ann"]["entries"]}
+    assert entries[("Flat (torch)", "null")]["recall_at_10"] == 1.0
+    assert entries[("IVF16,Flat", json.dumps({"nprobe": 16}))]["recall_at_10"] == 1.0  # every list searched
+    assert 0 < entries[("HNSW8", json.dumps({"efSearch": 64}))]["recall_at_10"] <= 1.0
+    assert set(report["goals"]) >= {"start_cold_under_180_s", "qps_256_callers_at_least_2000"}
+    assert "qps_256_callers_cpu" in report["extrapolated_21m"]

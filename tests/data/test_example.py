@@ -79,3 +79,39 @@ def test_builder_reproduces_example(tmp_path):
     for path in DATA_FILES + [EXAMPLE / "README.md"]:
         rel = path.relative_to(EXAMPLE)
         assert (tmp_path / rel).read_bytes() == path.read_bytes(), rel
+
+
+def test_embedded_default_trains_on_questions_the_corpus_answers(tmp_path):
+    """The embedded default's training rows (``scripts/quickstart.py``'s default sources) are
+    questions that the bundled retriever can answer: BM25 over ``example/corpus.jsonl``, the
+    question as the query, top 3 (the embedded run's topk), returns a passage holding a gold
+    answer for most of them. The example's NQ-style train questions (AmbigQA train) have no
+    passage in that corpus, so a mix with them fails this."""
+    import pandas as pd
+
+    sys.path.insert(0, str(REPO / "scripts"))
+    import quickstart
+
+    from search_r1.search.bm25 import BM25Retriever
+    from search_r1.search.corpus import load_corpus
+
+    quickstart.ensure_data(tmp_path, EXAMPLE / "qa")
+    rows = pd.read_parquet(tmp_path / "train.parquet")
+    questions = [r[0]["content"].split("Question: ", 1)[1].strip() for r in rows["prompt"]]
+    answers = [list(r["ground_truth"]["target"]) for r in rows["reward_model"]]
+    retriever = BM25Retriever.build(load_corpus(EXAMPLE / "corpus.jsonl"))
+    hits = retriever.search(questions, topk=3)
+    answered = [any(_answer_in(a, h["document"]["contents"]) for h in hit) for a, hit in zip(answers, hits)]
+    assert len(rows) >= 100
+    assert sum(answered) / len(rows) >= 0.5, f"{sum(answered)} of {len(rows)} training questions answerable"
+    # a second call with the same sources keeps the files; other sources rebuild them
+    stamp = (tmp_path / "sources.json").read_text()
+    quickstart.ensure_data(tmp_path, EXAMPLE / "qa")
+    assert (tmp_path / "sources.json").read_text() == stamp
+    quickstart.ensure_data(tmp_path, EXAMPLE / "qa", train_sources="nq")
+    assert set(pd.read_parquet(tmp_path / "train.parquet")["data_source"]) == {"nq"}
+
+
+def _answer_in(golds: list[str], passage: str) -> bool:
+    text = f" {normalize_answer(passage)} "
+    return any(f" {normalize_answer(g)} " in text for g in golds if normalize_answer(g))

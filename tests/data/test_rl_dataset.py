@@ -1,6 +1,8 @@
 """RLHFDataset with real tokenizers: chat template, left padding, position ids, overlong prompts."""
 
+import json
 import logging
+import re
 
 import numpy as np
 import pyarrow as pa
@@ -131,3 +133,76 @@ def test_hydra_config_data_section(tmp_path, qwen_tokenizer):
     dataset = RLHFDataset(str(path), qwen_tokenizer, cfg)
     assert len(dataset) == 1 and dataset[0]["raw_prompt"][0]["content"] == "short question?"
     assert dataset[0]["input_ids"].shape == (64,)
+
+
+def search_r1_guide_row(i, question, ground_truth):
+    """A row as Search-R1's "use your own dataset" guide writes it (a QA source name, which picks the
+    EM reward)."""
+    return {"data_source": "nq", "prompt": [{"role": "user", "content": question}],
+            "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": ground_truth},
+            "extra_info": {"split": "train", "index": i}}
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+
+
+def test_jsonl_rows_as_search_r1_guide_writes_them(tmp_path, qwen_tokenizer, processed_example):
+    path = tmp_path / "custom.jsonl"
+    write_jsonl(path, [search_r1_guide_row(0, "who wrote hamlet?", "William Shakespeare"),
+                       "", search_r1_guide_row(1, "capital of france?", {"target": ["Paris", "paris"]}),
+                       search_r1_guide_row(2, "two answers?", ["a", "b"])])
+    dataset = RLHFDataset([path, processed_example / "test.parquet"], qwen_tokenizer, max_prompt_length=400)
+    assert len(dataset) == 3 + 210
+    first, second = dataset[0], dataset[1]
+    check_item(first, qwen_tokenizer, 400)
+    assert first["reward_model"] == {"style": "rule", "ground_truth": {"target": ["William Shakespeare"]}}
+    assert second["reward_model"]["ground_truth"] == {"target": ["Paris", "paris"]}
+    assert dataset[2]["reward_model"]["ground_truth"] == {"target": ["a", "b"]}
+    assert first["uid"] == "custom-0" and second["index"] == 1 and first["data_source"] == "nq"
+    batch = collate_fn([dataset[0], dataset[3]])  # JSONL and parquet rows mix in one batch
+    assert batch["uid"][0] == "custom-0" and batch["uid"][1] == dataset[3]["uid"] != "custom-3"
+
+    from verl.utils.reward_score import default_compute_score
+    assert default_compute_score("nq", "<answer> william shakespeare </answer>",
+                                 first["reward_model"]["ground_truth"]) == 1.0
+
+
+@pytest.mark.parametrize("line,message", [
+    ('{"prompt": [{"role": "user", "content": "q"}], "reward_model": {"ground_truth": "x"', r"line 2: not valid JSON"),
+    ('["not", "an", "object"]', r"line 2: a row must be a JSON object"),
+    ('{"reward_model": {"ground_truth": "x"}}', r"line 2: no field 'prompt'"),
+    ('{"prompt": "q?"}', r"line 2: no field 'reward_model'"),
+    ('{"prompt": "q?", "reward_model": {"style": "rule"}}', r"line 2: reward_model has no 'ground_truth'"),
+    ('{"prompt": "q?", "reward_model": {"ground_truth": {"answers": ["x"]}}}', r"line 2: reward_model.ground_truth is an object without 'target'"),
+    ('{"prompt": "q?", "reward_model": {"ground_truth": {"target": [1, 2]}}}', r"line 2: reward_model.ground_truth.target must be a string"),
+    ('{"prompt": "q?", "reward_model": {"ground_truth": []}}', r"line 2: reward_model.ground_truth must be a string"),
+    ('{"prompt": [{"role": "user"}], "reward_model": {"ground_truth": "x"}}', r"line 2: prompt must be"),
+    ('{"prompt": "q?", "reward_model": {"ground_truth": "x"}, "extra_info": 3}', r"line 2: extra_info must be an object"),
+])
+def test_jsonl_errors_name_file_line_and_field(tmp_path, qwen_tokenizer, line, message):
+    path = tmp_path / "bad.jsonl"
+    write_jsonl(path, [search_r1_guide_row(0, "fine question?", "x"), line])
+    with pytest.raises(ValueError, match=re.escape(str(path)) + " " + message):
+        RLHFDataset(path, qwen_tokenizer, max_prompt_length=128)
+
+
+def test_parquet_gets_the_same_checks_and_unknown_extensions_are_named(tmp_path, qwen_tokenizer):
+    path = tmp_path / "d.parquet"
+    rows = [search_r1_guide_row(0, "q?", "x"), search_r1_guide_row(1, "q2?", "y")]
+    rows[1]["reward_model"] = {"style": "rule", "ground_truth": ""}
+    rows[1]["reward_model"]["ground_truth"] = None
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    with pytest.raises(ValueError, match=r"d.parquet row 1: reward_model.ground_truth must be a string"):
+        RLHFDataset(path, qwen_tokenizer, max_prompt_length=128)
+    other = tmp_path / "d.csv"
+    other.write_text("prompt\nq\n")
+    with pytest.raises(ValueError, match=r"d.csv: RL data must be parquet \(.parquet\) or JSONL"):
+        RLHFDataset(other, qwen_tokenizer)
+
+
+def test_overlong_jsonl_prompt_names_its_line(tmp_path, qwen_tokenizer):
+    path = tmp_path / "long.jsonl"
+    write_jsonl(path, [search_r1_guide_row(0, "short?", "x"), search_r1_guide_row(1, "long " * 200, "x")])
+    with pytest.raises(ValueError, match=r"long.jsonl line 2 \(uid long-1\).*max_prompt_length=64"):
+        RLHFDataset(path, qwen_tokenizer, filter_overlong_prompts=False, max_prompt_length=64)

@@ -191,3 +191,14 @@ def scripted_server():
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture(scope="session")
+def example_bm25(tmp_path_factory) -> tuple[Path, Path]:
+    """A BM25 index of the repo's own ``example/corpus.jsonl`` (seconds to build; no shared data)."""
+    from search_r1.search import index_builder
+
+    corpus = REPO / "example" / "corpus.jsonl"
+    save_dir = tmp_path_factory.mktemp("example_bm25")
+    index_builder.main(["--retrieval_method", "bm25", "--corpus_path", str(corpus), "--save_dir", str(save_dir)])
+    return save_dir / "bm25", corpus

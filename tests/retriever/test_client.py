@@ -89,3 +89,16 @@ def test_real_server_render(dense_server):
     text = client.render(results)[0]
     assert text.startswith("\n\n<information>Doc 1(Title: ") and "Doc 2(Title: " in text
     assert text.endswith("</information>\n\n")
+
+
+def test_counts_queries_answered_with_no_passage(scripted_server):
+    def script(handler, body):
+        queries = json.loads(body)["queries"]
+        handler.send_json(200, {"result": [[] if q.startswith("fail") else
+                                           [{"document": {"id": q, "contents": '"t"\nx'}}] for q in queries]})
+
+    client = RetrieverClient(scripted_server(script).url, batch_size=2)
+    results = client.retrieve(["a", "fail-1", "b", "fail-2", "c"])
+    assert [len(r) for r in results] == [1, 0, 1, 0, 1]
+    assert client.num_queries == 5 and client.num_empty_results == 2
+    assert client.render(results)[1] == "\n\n<information></information>\n\n"

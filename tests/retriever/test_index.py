@@ -3,6 +3,7 @@
 import json
 import sys
 
+import faiss
 import numpy as np
 import pytest
 
@@ -77,7 +78,8 @@ def test_flashrag_e5_index_loads_unchanged(shared_corpus_dir):
     dense = load_dense_index(str(index_path), str(corpus_path))
     assert len(dense) == 1000 and dense.dim == 768
     rows = [0, 17, 999]
-    vectors = np.stack([dense.index.reconstruct(i) for i in rows])
+    flat = faiss.read_index(str(index_path))
+    vectors = np.stack([flat.reconstruct(i) for i in rows])
     results = dense.search_vectors(vectors, topk=3)
     for row, hits in zip(rows, results):
         assert hits[0]["document"]["id"] == f"flashrag-sample-{row}"

@@ -97,6 +97,18 @@ def vllm_engine(smollm2_path, tokenizer):
                                  "kv_cache_space_gib": 1}, smollm2_path, tokenizer)
 
 
+@pytest.fixture(scope="session")
+def long_context_vllm_engine(smollm2_path, tokenizer):
+    """A vLLM engine whose length the trainer would derive for ``test_long_context.DATA``."""
+    import bm25s  # noqa: F401
+    from tests.rollout.test_long_context import DATA
+    from verl.workers.rollout import build_rollout_engine
+    from verl.workers.rollout.config import RolloutConfig, engine_max_model_len
+
+    config = RolloutConfig(name="vllm", dtype="float32", kv_cache_space_gib=0.5)
+    return build_rollout_engine(config, smollm2_path, tokenizer, max_model_len=engine_max_model_len(config, DATA))
+
+
 def chat_prompt(tokenizer, question: str, assistant_prefix: str = "") -> list[int]:
     """Search-R1 prompt for ``question`` with the chat template, plus a forced assistant prefix."""
     from search_r1.prompts import make_prefix

@@ -167,3 +167,22 @@ def test_enforce_eager_default_follows_the_device():
 
     assert _enforce_eager(None) is (not torch.cuda.is_available())
     assert _enforce_eager(False) is False and _enforce_eager(True) is True
+
+
+def test_kernel_scan_does_not_warn_about_reduce_op():
+    """vLLM's start-up walk over every module's attributes touches ``torch.distributed.reduce_op``
+    (deprecated: each attribute access warns); the engine builds inside a context that ignores
+    exactly that warning, and only there."""
+    import warnings
+
+    import torch.distributed as dist
+
+    from verl.workers.rollout.vllm_rollout import _hidden_from_kernel_scan
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with _hidden_from_kernel_scan():
+            hasattr(dist.reduce_op, "__dict__")
+        assert not [w for w in caught if "reduce_op" in str(w.message)]
+        hasattr(dist.reduce_op, "__dict__")
+        assert [w for w in caught if "reduce_op" in str(w.message)]

@@ -15,20 +15,19 @@ pytestmark = pytest.mark.slow
 
 
 def lora_actor_config(model_path: str) -> dict:
-    actor = dict(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
+    actor = dict(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=2, use_dynamic_bsz=False,
                  ppo_max_token_len_per_gpu=64, grad_clip=1.0, clip_ratio=0.2, clip_ratio_c=3.0,
                  entropy_coeff=0.0, loss_agg_mode="token-mean", use_kl_loss=True, kl_loss_coef=0.01,
                  kl_loss_type="low_var_kl", ppo_epochs=1, shuffle=False, tis_imp_ratio_cap=-1.0,
                  policy_loss={"loss_mode": "vanilla"},
-                 optim=dict(lr=1e-2, weight_decay=0.0, lr_warmup_steps_ratio=0.0, warmup_style="constant",
-                            total_training_steps=4),
+                 optim=dict(lr=1e-2, weight_decay=0.0, lr_warmup_steps_ratio=0.0, warmup_style="constant"),
                  fsdp_config=dict(param_offload=False, optimizer_offload=False))
     return {"model": {"path": model_path, "use_remove_padding": True, "enable_gradient_checkpointing": True,
                       "lora_rank": 8, "lora_alpha": 16, "target_modules": "all-linear"},
             "actor": actor,
             "ref": {"log_prob_micro_batch_size_per_gpu": 2, "fsdp_config": {"param_offload": False}},
-            "rollout": {"name": "hf", "n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
-                        "response_length": 6, "prompt_length": 8, "log_prob_micro_batch_size_per_gpu": 2}}
+            "rollout": {"name": "hf", "dtype": "float32", "n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                        "log_prob_micro_batch_size_per_gpu": 2}}
 
 
 def make_batch(num_rows=4, prompt_len=8, response_len=6, seed=0) -> DataProto:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from search_r1.prompts import format_observation, format_passages, make_prefix
+from search_r1.prompts import ENVIRONMENT_TEXT
 from verl.utils.dataset.sft_dataset import split_assistant_content
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +48,7 @@ def test_format_matches_rl_stage(demos):
         user, assistant = row["messages"]
         question = user["content"].split("Question: ")[-1].strip()
         assert user["content"] == make_prefix(question)
-        segments = split_assistant_content(assistant["content"])
+        segments = split_assistant_content(assistant["content"], ENVIRONMENT_TEXT)
         assert [s.trainable for s in segments] == [True, False, True]
         first, observation, last = (s.text for s in segments)
         query = re.fullmatch(r"<think> .+ </think>\n<search> (.+) </search>", first).group(1)
@@ -78,7 +79,8 @@ def test_cut_observation_is_what_the_rl_stage_shows(tiny_tokenizer):
     demos = make_sft_data.build_demonstrations(rows, retriever, 6, seed=0, observe=observe)
     encoder = ObservationEncoder(tiny_tokenizer, 64)
     for demo in demos:
-        first, observation, last = (s.text for s in split_assistant_content(demo["messages"][1]["content"]))
+        content = demo["messages"][1]["content"]
+        first, observation, last = (s.text for s in split_assistant_content(content, ENVIRONMENT_TEXT))
         query = re.fullmatch(r"<think> .+ </think>\n<search> (.+) </search>", first).group(1)
         ids, cut = encoder.search(retriever.retrieve([query])[0])
         assert cut and observation == tiny_tokenizer.decode(ids)

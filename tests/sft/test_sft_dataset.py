@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 
 from search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, make_prefix
+from search_r1.prompts import ENVIRONMENT_TEXT
 from verl.utils.dataset.sft_dataset import (SFTDataset, collate_right_padded, message_segments,
                                             split_assistant_content, token_budget_batches,
                                             tokenize_segments)
@@ -31,7 +32,7 @@ def _trainable_ranges(text: str, assistant_turns: list[str], eos: str):
     for turn in assistant_turns:
         start = text.index(turn)
         cursor = start
-        for obs in [p for p in split_assistant_content(turn) if not p.trainable]:
+        for obs in [p for p in split_assistant_content(turn, ENVIRONMENT_TEXT) if not p.trainable]:
             obs_at = text.index(obs.text, cursor)
             ranges.append((cursor, obs_at))
             cursor = obs_at + len(obs.text)
@@ -59,9 +60,9 @@ def test_mask_token_by_token(tokenizer_name, tiny_tokenizer):
         # Qwen3's template drops <think> text from earlier assistant turns, so only a single
         # assistant turn has a well-defined prefix; multi-turn is checked on SmolLM2's ChatML.
         with pytest.raises(ValueError, match="rewrites earlier turns"):
-            message_segments(tokenizer, messages)
+            message_segments(tokenizer, messages, ENVIRONMENT_TEXT)
         messages, turns = [messages[0], {"role": "assistant", "content": turn2}], [turn2]
-    ids, mask = tokenize_segments(tokenizer, message_segments(tokenizer, messages))
+    ids, mask = tokenize_segments(tokenizer, message_segments(tokenizer, messages, ENVIRONMENT_TEXT))
     text = tokenizer.decode(ids)
     ranges = _trainable_ranges(text, turns, tokenizer.eos_token)
     trained_chars = 0
@@ -83,8 +84,8 @@ def test_prompt_response_columns_and_parquet(tmp_path, tiny_tokenizer):
     pd.DataFrame([{"prompt": prompt, "response": response}]).to_parquet(tmp_path / "d.parquet")
     (tmp_path / "d.jsonl").write_text(json.dumps({"messages": prompt + [{"role": "assistant",
                                                                           "content": response}]}) + "\n")
-    from_parquet = SFTDataset(str(tmp_path / "d.parquet"), tiny_tokenizer)[0]
-    from_jsonl = SFTDataset(str(tmp_path / "d.jsonl"), tiny_tokenizer)[0]
+    from_parquet = SFTDataset(str(tmp_path / "d.parquet"), tiny_tokenizer, environment_text=ENVIRONMENT_TEXT)[0]
+    from_jsonl = SFTDataset(str(tmp_path / "d.jsonl"), tiny_tokenizer, environment_text=ENVIRONMENT_TEXT)[0]
     assert from_parquet["input_ids"].tolist() == from_jsonl["input_ids"].tolist()
     assert from_parquet["loss_mask"].tolist() == from_jsonl["loss_mask"].tolist()
 
@@ -93,19 +94,20 @@ def test_bad_rows_name_the_file(tmp_path, tiny_tokenizer):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"question": "q"}) + "\n")
     with pytest.raises(ValueError, match="bad.jsonl row 0"):
-        SFTDataset(str(path), tiny_tokenizer)
+        SFTDataset(str(path), tiny_tokenizer, environment_text=ENVIRONMENT_TEXT)
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}]}) + "\n")
     with pytest.raises(ValueError, match="no assistant message"):
-        SFTDataset(str(path), tiny_tokenizer)
+        SFTDataset(str(path), tiny_tokenizer, environment_text=ENVIRONMENT_TEXT)
 
 
 def test_truncation_modes(demo_jsonl, tiny_tokenizer):
-    full = SFTDataset(demo_jsonl, tiny_tokenizer, max_length=4096)
+    full = SFTDataset(demo_jsonl, tiny_tokenizer, max_length=4096, environment_text=ENVIRONMENT_TEXT)
     longest = max(full.lengths())
-    cut = SFTDataset(demo_jsonl, tiny_tokenizer, max_length=longest - 5)
+    cut = SFTDataset(demo_jsonl, tiny_tokenizer, max_length=longest - 5, environment_text=ENVIRONMENT_TEXT)
     assert max(cut.lengths()) == longest - 5
     with pytest.raises(ValueError, match="max_length"):
-        SFTDataset(demo_jsonl, tiny_tokenizer, max_length=longest - 5, truncation="error")
+        SFTDataset(demo_jsonl, tiny_tokenizer, max_length=longest - 5, truncation="error",
+                   environment_text=ENVIRONMENT_TEXT)
 
 
 def test_token_budget_batches_cover_once_within_budget():

@@ -32,7 +32,7 @@ def tiny_overrides(model: str, data: dict, url: str, out: Path, algo: str) -> li
         "actor_rollout_ref.rollout.log_prob_micro_batch_size=6", "actor_rollout_ref.ref.log_prob_micro_batch_size=6",
         "actor_rollout_ref.actor.optim.lr=1e-3", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
         "actor_rollout_ref.model.enable_gradient_checkpointing=false", "actor_rollout_ref.model.use_remove_padding=false",
-        "actor_rollout_ref.actor.fsdp_config.param_offload=false", "actor_rollout_ref.actor.fsdp_config.grad_offload=false",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=false",
         "actor_rollout_ref.actor.fsdp_config.optimizer_offload=false", "actor_rollout_ref.ref.fsdp_config.param_offload=false",
         "actor_rollout_ref.actor.fsdp_config.mixed_precision=fp32", "trainer.logger=[console,jsonl]",
         "trainer.val_before_train=false", "trainer.test_freq=-1",
@@ -44,7 +44,7 @@ def tiny_overrides(model: str, data: dict, url: str, out: Path, algo: str) -> li
         "algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true", "critic.ppo_micro_batch_size=3",
         "critic.optim.lr=1e-3", "critic.optim.lr_warmup_steps_ratio=0.0",
         "critic.model.enable_gradient_checkpointing=false", "critic.model.use_remove_padding=false",
-        "critic.model.fsdp_config.param_offload=false", "critic.model.fsdp_config.grad_offload=false",
+        "critic.model.fsdp_config.param_offload=false",
         "critic.model.fsdp_config.optimizer_offload=false", "critic.model.fsdp_config.mixed_precision=fp32"]
 
 

@@ -1,77 +1,170 @@
-"""Configuration mistakes fail at start, naming the key, before any model is loaded."""
+"""Configuration mistakes fail at start in one line naming the key, before any model is loaded;
+Search-R1's own scripts get through unchanged."""
 
+import dataclasses
+import logging
+import shlex
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
 
-from verl.trainer.ppo.config_check import check_config, load_default_config
+from verl.trainer.main_ppo import parse_config
+from verl.trainer.ppo.config import PPOConfig, load_config
+from verl.trainer.ppo.run_plan import make_run_plan
+from verl.utils.config import ConfigError
+
+SCRIPTS = Path(__file__).resolve().parent / "data" / "search_r1_scripts"
 
 
-def _run_main(*overrides: str) -> subprocess.CompletedProcess:
+def _run_main(*overrides: str, module: str = "verl.trainer.main_ppo") -> subprocess.CompletedProcess:
     # A model path that does not exist proves the failure comes before any model loading.
-    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo",
-                           "actor_rollout_ref.model.path=/nonexistent/model", *overrides],
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-m", module, "actor_rollout_ref.model.path=/nonexistent/model",
+                           *overrides], capture_output=True, text=True, timeout=120)
 
 
-def test_defaults_pass_checks():
-    check_config(load_default_config())
+def test_defaults_pass_checks_and_are_immutable():
+    config = load_config({})
+    assert isinstance(config, PPOConfig)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.trainer.total_epochs = 3  # type: ignore[misc]
 
 
-def test_wrong_type_named_from_command_line():
-    result = _run_main("trainer.total_epochs=abc")
-    assert result.returncode != 0
-    assert "trainer.total_epochs: expected int, got str 'abc'" in result.stderr
-
-
-def test_unknown_key_named_from_command_line():
-    result = _run_main("trainer.total_epoch=3")
-    assert result.returncode != 0
-    assert "total_epoch" in result.stderr
-
-
-def test_batch_arithmetic_names_numbers_from_command_line():
-    result = _run_main("data.train_batch_size=100")
-    assert result.returncode != 0
-    assert "data.train_batch_size (100) is not divisible by actor.ppo_mini_batch_size (256)" in result.stderr
+@pytest.mark.parametrize("override, message", [
+    ("trainer.total_epochs=abc", "trainer.total_epochs: Value 'abc' of type 'str' could not be converted to Integer"),
+    ("trainer.total_epoch=3", "trainer.total_epoch: Key 'total_epoch' not in 'TrainerConfig'"),
+    ("data.train_batch_size=100", "data.train_batch_size (100) is not divisible by actor.ppo_mini_batch_size (256)"),
+    ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator='grpoo': choose one of"),
+])
+def test_command_line_errors_name_the_key_in_one_line(override, message):
+    result = _run_main(override)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
 
 
 @pytest.mark.parametrize("overrides, message", [
-    ({"actor_rollout_ref": {"actor": {"ppo_micro_batch_size": 12}}},
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=12"],
      "actor.ppo_micro_batch_size (12) is not divisible by data-parallel size (nnodes x n_gpus_per_node) (8)"),
-    ({"actor_rollout_ref": {"actor": {"ppo_micro_batch_size": 48}}},
-     "actor.ppo_mini_batch_size x rollout.n rows (256 x 1) (256) is not divisible by actor.ppo_micro_batch_size (48)"),
-    ({"critic": {"ppo_micro_batch_size": 3}}, "critic.ppo_micro_batch_size (3) is not divisible by data-parallel size (nnodes x n_gpus_per_node) (8)"),
-    ({"algorithm": {"adv_estimator": "grpo"}}, "algorithm.adv_estimator=grpo needs groups"),
-    ({"actor_rollout_ref": {"rollout": {"name": "sglang"}}}, "actor_rollout_ref.rollout.name='sglang'"),
-    ({"actor_rollout_ref": {"rollout": {"temperature": "hot"}}},
-     "actor_rollout_ref.rollout.temperature: expected float, got str 'hot'"),
-    ({"trainer": {"resume_mode": "/no/such/checkpoint"}}, "trainer.resume_mode='/no/such/checkpoint'"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size=48"],
+     "actor.ppo_mini_batch_size x rollout.n rows per rank (32) is not divisible by actor.ppo_micro_batch_size "
+     "per rank (6)"),
+    (["critic.ppo_micro_batch_size=3"],
+     "critic.ppo_micro_batch_size (3) is not divisible by data-parallel size (nnodes x n_gpus_per_node) (8)"),
+    (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=5"],
+     "actor.ppo_mini_batch_size x rollout.n rows per rank (32) is not divisible by actor.ppo_micro_batch_size "
+     "per rank (5)"),
+    (["algorithm.adv_estimator=grpo"], "algorithm.adv_estimator=grpo needs groups"),
+    (["actor_rollout_ref.rollout.name=sglang"], "actor_rollout_ref.rollout.name='sglang'"),
+    (["actor_rollout_ref.rollout.temperature=hot"], "actor_rollout_ref.rollout.temperature: Value 'hot'"),
+    (["trainer.resume_mode=/no/such/checkpoint"], "trainer.resume_mode='/no/such/checkpoint'"),
+    (["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.n_agent=5"], "disagree; set only one"),
 ])
-def test_check_config_names_culprit(overrides, message):
-    cfg = OmegaConf.merge(load_default_config(), overrides)
-    with pytest.raises(ValueError) as error:
-        check_config(cfg)
+def test_parse_config_names_culprit(overrides, message):
+    with pytest.raises(ConfigError) as error:
+        parse_config(overrides)
     assert message in str(error.value)
 
 
-def test_per_gpu_micro_batch_checked_against_rows():
-    cfg = OmegaConf.merge(load_default_config(), {"actor_rollout_ref": {"actor": {"ppo_micro_batch_size_per_gpu": 5}}})
-    with pytest.raises(ValueError, match=r"actor.ppo_micro_batch_size_per_gpu x data-parallel size \(5 x 8\) \(40\)"):
-        check_config(cfg)
+@pytest.mark.parametrize("key, value", [
+    ("algorithm.adv_estimator", "grpo_typo"), ("actor_rollout_ref.actor.policy_loss.loss_mode", "vanila"),
+    ("algorithm.kl_penalty", "kl3"), ("actor_rollout_ref.actor.kl_loss_type", "lowvar"),
+    ("actor_rollout_ref.actor.tis_level", "tokens"), ("actor_rollout_ref.actor.tis_mode", "clip"),
+    ("algorithm.kl_ctrl.type", "pid"), ("actor_rollout_ref.actor.loss_agg_mode", "token_mean"),
+])
+def test_algorithm_names_are_checked_against_the_registries(key, value):
+    with pytest.raises(ConfigError, match=f"{key}='{value}': choose one of"):
+        parse_config([f"{key}={value}"])
 
 
-def test_int_accepted_for_float_and_null_default_accepts_anything():
-    cfg = OmegaConf.merge(load_default_config(), {"actor_rollout_ref": {"actor": {"optim": {"lr": 1}}},
-                                                  "data": {"train_data_num": 100}})
-    check_config(cfg)
+def test_every_group_estimator_of_the_registry_rejects_one_response_per_prompt():
+    from verl import algorithms
+
+    group_estimators = [name for name, entry in algorithms.ADV_ESTIMATOR_REGISTRY.items() if entry.needs_groups]
+    assert "reinforce_plus_plus_baseline" in group_estimators and "grpo" in group_estimators
+    for name in group_estimators:
+        with pytest.raises(ConfigError, match="needs groups"):
+            parse_config([f"algorithm.adv_estimator={name}"])
+        parse_config([f"algorithm.adv_estimator={name}", "actor_rollout_ref.rollout.n=5"])
 
 
-@pytest.mark.parametrize("lora", [{"lora_rank": 16, "lora_alpha": 32},
-                                  {"lora_rank": 8, "target_modules": ["q_proj", "v_proj"]}])
-def test_lora_keys_are_part_of_the_rl_config(lora):
-    config = OmegaConf.merge(load_default_config(), {"actor_rollout_ref": {"model": lora}})
-    check_config(config)
-    assert config.actor_rollout_ref.model.lora_rank == lora["lora_rank"]
+def test_a_registered_loss_restricts_its_aggregation_modes():
+    from verl import algorithms
+
+    @algorithms.register_policy_loss("test_seq_only", loss_agg_modes=("seq-mean-token-mean",))
+    def seq_only(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="seq-mean-token-mean",
+                 config=None, rollout_is_weights=None):
+        raise NotImplementedError
+
+    try:
+        with pytest.raises(ConfigError, match="loss_agg_mode='token-mean' is not defined for"):
+            parse_config(["actor_rollout_ref.actor.policy_loss.loss_mode=test_seq_only"])
+        parse_config(["actor_rollout_ref.actor.policy_loss.loss_mode=test_seq_only",
+                      "actor_rollout_ref.actor.loss_agg_mode=seq-mean-token-mean"])
+    finally:
+        del algorithms.POLICY_LOSS_REGISTRY["test_seq_only"]
+
+
+def test_plus_form_and_plain_form_both_set_declared_keys():
+    config = parse_config(["+trainer.val_only=true", "+trainer.val_before_train=false",
+                           "+actor_rollout_ref.model.attn_implementation=sdpa"])
+    assert config.trainer.val_only and not config.trainer.val_before_train
+    assert config.actor_rollout_ref.model.attn_implementation == "sdpa"
+    with pytest.raises(ConfigError, match="trainer.no_such_key: Key 'no_such_key' not in 'TrainerConfig'"):
+        parse_config(["+trainer.no_such_key=1"])
+
+
+def test_engine_length_follows_the_data_budgets_and_a_short_one_is_rejected():
+    config = parse_config(["data.max_prompt_length=4096", "data.max_response_length=500"])
+    plan = make_run_plan(config, batches_per_epoch=10)
+    assert plan.engine_max_model_len == 4596
+    assert make_run_plan(parse_config(["actor_rollout_ref.rollout.max_model_len=8192"]), 10).engine_max_model_len == 8192
+    with pytest.raises(ConfigError, match="max_model_len=2048 is below data.max_prompt_length \\+ "
+                                          "data.max_response_length = 4096 \\+ 500 = 4596"):
+        parse_config(["actor_rollout_ref.rollout.max_model_len=2048"])
+
+
+def test_compat_keys_are_accepted_and_warn_only_when_changed(caplog):
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.ppo.compat"):
+        parse_config(["actor_rollout_ref.actor.state_masking=true", "algorithm.no_think_rl=false",
+                      "actor_rollout_ref.rollout.prompt_length=4096"])
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, logger="verl.trainer.ppo.compat"):
+        parse_config(["actor_rollout_ref.rollout.ignore_eos=true", "trainer.default_hdfs_dir=/hdfs/x",
+                      "actor_rollout_ref.rollout.response_length=64"])
+    messages = [r.getMessage() for r in caplog.records]
+    assert len(messages) == 3, messages
+    assert any(m.startswith("actor_rollout_ref.rollout.ignore_eos=True has no effect here") for m in messages)
+    assert any(m.startswith("actor_rollout_ref.rollout.response_length=64 has no effect here") for m in messages)
+
+
+def _script_overrides(path: Path, tmp_path: Path) -> tuple[str, list[str]]:
+    """A Search-R1 script's module and overrides as its shell would pass them, paths substituted."""
+    lines = path.read_text().splitlines()
+    module = lines[0].rsplit(": ", 1)[1]
+    values = {"$BASE_MODEL": str(tmp_path / "model"), "$DATA_DIR": str(tmp_path / "data"),
+              "$TRAIN_DATA_DIR": str(tmp_path / "data"), "$TEST_DATA_DIR": str(tmp_path / "data"),
+              "$EXPERIMENT_NAME": "search-r1-script", "$WAND_PROJECT": "Search-R1", "$N_NODES": "4"}
+    overrides = []
+    for line in lines[1:]:
+        for name, value in values.items():
+            line = line.replace(name, value)
+        overrides += shlex.split(line)
+    return module, overrides
+
+
+@pytest.mark.parametrize("script", sorted(SCRIPTS.glob("*.args")), ids=lambda p: p.stem)
+def test_search_r1_scripts_pass_the_start_up_check(script, tmp_path):
+    module, overrides = _script_overrides(script, tmp_path)
+    assert module in ("verl.trainer.main_ppo", "verl.trainer.main_ppo_format")
+    __import__(module)  # the entry module exists
+    defaults = ["reward_model.style=format"] if module.endswith("_format") else []
+    config = parse_config([*defaults, *overrides])
+    assert config.actor_rollout_ref.model.path == str(tmp_path / "model")
+    assert config.retriever.url == "http://127.0.0.1:8000/retrieve"
+
+
+def test_format_entry_runs_the_same_checks():
+    result = _run_main("trainer.total_epoch=3", module="verl.trainer.main_ppo_format")
+    assert result.returncode == 2 and "trainer.total_epoch: Key 'total_epoch' not in" in result.stderr

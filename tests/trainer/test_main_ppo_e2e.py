@@ -29,7 +29,7 @@ def _check_ok(result: subprocess.CompletedProcess) -> None:
 def _hf_state(folder: Path) -> dict[str, torch.Tensor]:
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).state_dict()
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).state_dict()
 
 
 @pytest.mark.parametrize("algo,engine", [("ppo", "hf"), ("grpo", "vllm")])
@@ -40,9 +40,15 @@ def test_full_step_through_ray(algo, engine, tiny_qwen_path, qa_parquet, retriev
     overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, algo) + [
         f"actor_rollout_ref.rollout.name={engine}", "trainer.backend=ray", "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.test_freq=1",
         f"trainer.validation_data_dir={tmp_path / 'val'}"]
-    _check_ok(run_main(overrides))
+    result = run_main(overrides)
+    _check_ok(result)
     metrics = read_metrics(out)[-1]
     assert metrics["step"] == 1
+    summary = result.stdout[result.stdout.index("training done"):]  # the run's closing lines
+    assert summary.startswith("training done: global step 1 of 1; last critic/score/mean")
+    assert f"checkpoint:   {out / 'global_step_1'}" in summary
+    assert f"HF export:    {out / 'global_step_1' / 'huggingface'}" in summary
+    assert f"metrics:      {out / 'logs' / 'metrics.jsonl'}" in summary
     for key in ("critic/score/mean", "critic/rewards/mean", "critic/advantages/mean", "actor/pg_loss",
                 "actor/grad_norm", "response_length/mean", "response_length/clip_ratio", "env/number_of_actions/mean",
                 "env/finish_ratio", "timing_s/gen", "timing_s/update_actor", "perf/throughput_tokens_per_s",

@@ -1,14 +1,16 @@
-"""The step's stages and metrics on real DataProto batches and the real core_algos."""
+"""The step's stages and metrics on real DataProto batches and the real algorithms."""
 
 import numpy as np
 import pytest
 import torch
-from omegaconf import OmegaConf
+import dataclasses
 
+from verl import algorithms
+from verl.algorithms.config import AlgorithmConfig, KLControlConfig
 from verl.protocol import DataProto
-from verl.trainer.ppo import core_algos, metric_utils, stages
+from verl.trainer.ppo import metric_utils, stages
 from verl.trainer.ppo.rollout_adapter import sampling_params
-from verl.trainer.ppo.config_check import load_default_config
+from verl.workers.rollout.config import RolloutConfig
 
 
 def _batch(scores, mask_rows):
@@ -37,9 +39,8 @@ def test_grpo_advantages_and_kl_in_reward():
     mask = [[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]]
     batch = _batch([1.0, 0.0, 1.0, 1.0], mask)
     batch.non_tensor_batch["uid"] = np.array(["a", "a", "b", "b"], dtype=object)
-    algorithm = OmegaConf.create({"use_kl_in_reward": True, "kl_penalty": "kl", "adv_estimator": "grpo",
-                                  "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True})
-    kl_metrics = stages.apply_rewards(batch, algorithm, core_algos.get_kl_controller({"type": "fixed", "kl_coef": 0.1}))
+    algorithm = AlgorithmConfig(use_kl_in_reward=True, kl_penalty="kl", adv_estimator="grpo")
+    kl_metrics = stages.apply_rewards(batch, algorithm, algorithms.get_kl_controller(KLControlConfig(kl_coef=0.1)))
     assert kl_metrics["actor/reward_kl_penalty"] == pytest.approx(0.5)
     # reward = score - 0.1 * (old - ref) = score - 0.05 on every response token
     assert batch.batch["token_level_rewards"][0, 0].item() == pytest.approx(-0.05)
@@ -69,13 +70,13 @@ def test_throughput_and_validation_metrics():
     assert perf["perf/throughput_tokens_per_s"] == 500
     assert perf["perf/mfu/actor"] == pytest.approx(10 * 1000 * 8 / (2.0 * 1e6))
     val = metric_utils.compute_validation_metrics(["nq", "nq", "hotpotqa"], [1.0, 0.0, 1.0],
-                                                  [{"env/finish_ratio": 1.0}])
+                                                  {"finished": np.array([1.0, 1.0, 0.0])})
     assert val == {"val/test_score/nq": 0.5, "val/test_score/hotpotqa": 1.0,
-                   "val/test_score/all": pytest.approx(2 / 3), "val/env/finish_ratio": 1.0}
+                   "val/test_score/all": pytest.approx(2 / 3), "val/env/finish_ratio": pytest.approx(2 / 3)}
 
 
 def test_validation_sampling_is_greedy_training_samples():
-    rollout = load_default_config().actor_rollout_ref.rollout
+    rollout = RolloutConfig()
     val = sampling_params(rollout, 64, validate=True)
     train = sampling_params(rollout, 64)
     assert val.greedy and val.temperature == 0.0
@@ -85,9 +86,7 @@ def test_validation_sampling_is_greedy_training_samples():
 def test_training_requests_seeded_unless_turned_off():
     """Training requests carry ``rollout.seed`` (vLLM derives one seed per request from it) unless
     ``seed_per_request: false`` leaves sampling to the engine's RNG; validation is greedy, unseeded."""
-    rollout = load_default_config().actor_rollout_ref.rollout
-    rollout.seed = 7
+    rollout = RolloutConfig(seed=7)
     assert sampling_params(rollout, 64).seed == 7
     assert sampling_params(rollout, 64, validate=True).seed is None
-    rollout.seed_per_request = False
-    assert sampling_params(rollout, 64).seed is None
+    assert sampling_params(dataclasses.replace(rollout, seed_per_request=False), 64).seed is None

@@ -1,22 +1,20 @@
 """Ray worker environment: the CPU malloc settings reach ray.init (they only act at process start)."""
 
-from omegaconf import OmegaConf
-
 from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
 from verl.trainer.ppo import worker_setup
-from verl.trainer.ppo.config_check import check_config, load_default_config
+from verl.trainer.ppo.config import load_config
+from verl.trainer.ppo.run_plan import make_run_plan
 
 
 def test_cpu_default_is_the_malloc_settings_and_a_mapping_replaces_it():
-    cfg = load_default_config()
+    cfg = load_config({})
     assert cfg.trainer.worker_env_vars is None
     assert worker_setup.worker_env_vars(cfg, use_gpu=False) == CPU_MALLOC_ENV_VARS
     assert CPU_MALLOC_ENV_VARS == {"MALLOC_ARENA_MAX": "2"}
     assert worker_setup.worker_env_vars(cfg, use_gpu=True) == {}
-    cfg.trainer.worker_env_vars = {"MALLOC_ARENA_MAX": 4}
-    check_config(cfg)  # a mapping is a valid value for the null default
+    cfg = load_config({"trainer": {"worker_env_vars": {"MALLOC_ARENA_MAX": 4}}})
     assert worker_setup.worker_env_vars(cfg, use_gpu=False) == {"MALLOC_ARENA_MAX": "4"}
-    cfg.trainer.worker_env_vars = {}
+    cfg = load_config({"trainer": {"worker_env_vars": {}}})
     assert worker_setup.worker_env_vars(cfg, use_gpu=False) == {}
 
 
@@ -29,6 +27,6 @@ def test_start_group_passes_them_to_init_ray(monkeypatch):
     monkeypatch.setattr(ray_pkg, "RayResourcePool", lambda **kwargs: "pool")
     monkeypatch.setattr(ray_pkg, "RayWorkerGroup", lambda pool, bundle: (pool, bundle))
     monkeypatch.setattr(worker_setup, "_use_gpu", lambda: False)
-    cfg = OmegaConf.merge(load_default_config(), {"trainer": {"n_gpus_per_node": 1}})
-    assert worker_setup._start_group(cfg, "bundle") == ("pool", "bundle")
+    cfg = load_config({"trainer": {"n_gpus_per_node": 1}})
+    assert worker_setup._start_group(cfg, make_run_plan(cfg, 1), "bundle") == ("pool", "bundle")
     assert seen["env_vars"] == CPU_MALLOC_ENV_VARS

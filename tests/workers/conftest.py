@@ -50,13 +50,13 @@ def batch_factory():
 
 def actor_rollout_ref_config(model_path: str, **actor_overrides) -> dict:
     """An ``actor_rollout_ref`` subtree for the tiny model: small batches, fp32, AdamW."""
-    actor = dict(strategy="fsdp", ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=3, use_dynamic_bsz=False,
+    actor = dict(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=3, use_dynamic_bsz=False,
                  ppo_max_token_len_per_gpu=64, grad_clip=1.0, clip_ratio=0.2, clip_ratio_c=3.0,
                  entropy_coeff=0.001, loss_agg_mode="token-mean", use_kl_loss=True, kl_loss_coef=0.01,
                  kl_loss_type="low_var_kl", ppo_epochs=1, shuffle=False, tis_imp_ratio_cap=-1.0,
                  policy_loss={"loss_mode": "vanilla"},
                  optim=dict(lr=1e-3, eps=1e-3, weight_decay=0.0, lr_warmup_steps_ratio=0.0,
-                            warmup_style="constant", total_training_steps=10),
+                            warmup_style="constant"),
                  fsdp_config=dict(param_offload=False, optimizer_offload=False, mixed_precision="bf16"))
     actor.update(actor_overrides)
     return {
@@ -64,18 +64,21 @@ def actor_rollout_ref_config(model_path: str, **actor_overrides) -> dict:
                   "trust_remote_code": False},
         "actor": actor,
         "ref": {"log_prob_micro_batch_size_per_gpu": 4, "fsdp_config": {"param_offload": False}},
-        "rollout": {"name": "hf", "n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1, "response_length": 8,
-                    "prompt_length": 10, "log_prob_micro_batch_size_per_gpu": 4},
+        "rollout": {"name": "hf", "dtype": "float32", "n": 1, "temperature": 1.0, "top_p": 1.0, "top_k": -1,
+                    "log_prob_micro_batch_size_per_gpu": 4},
     }
 
 
 def critic_config(model_path: str, **overrides) -> dict:
-    """A ``critic`` subtree for the tiny model."""
-    cfg = dict(strategy="fsdp", ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=3,
+    """A complete ``critic`` subtree for the tiny model (standalone, the keys that default to the
+    actor's are given)."""
+    cfg = dict(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=3,
                forward_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=64,
                ppo_epochs=1, shuffle=False, grad_clip=1.0, cliprange_value=0.5, loss_agg_mode="token-mean",
-               optim=dict(lr=1e-3, weight_decay=0.0, warmup_style="constant", total_training_steps=10),
-               model={"path": model_path, "use_remove_padding": True, "enable_gradient_checkpointing": True,
+               optim=dict(lr=1e-3, weight_decay=0.0, warmup_style="constant"),
+               model={"path": model_path, "tokenizer_path": model_path, "external_lib": None,
+                      "max_packed_row_len": 0, "attn_implementation": None, "use_remove_padding": True,
+                      "enable_gradient_checkpointing": True,
                       "fsdp_config": {"param_offload": False, "optimizer_offload": True}})
     cfg.update(overrides)
     return cfg

@@ -7,7 +7,7 @@ import torch
 
 from verl.utils import torch_functional as F
 from verl.utils.fsdp_utils import load_causal_lm
-from verl.workers.actor.dp_actor import forward_log_probs
+from verl.workers.forward import ForwardLayout, forward_log_probs, forward_values
 
 
 @pytest.fixture(scope="module")
@@ -69,8 +69,9 @@ def test_forward_log_probs_fast_paths_equal_full_logits(model, batch_factory, re
     results = []
     for chunk in (0, 5):  # 0: full (B, T, V) logits, the reference
         model.zero_grad(set_to_none=True)
-        lp, ent = forward_log_probs(model, micro, 0.8, remove_padding, True, logits_chunk_size=chunk,
-                                    max_packed_row_len=max_row_len if chunk else 0)
+        layout = ForwardLayout(use_remove_padding=remove_padding, logits_chunk_size=chunk,
+                               max_packed_row_len=max_row_len if chunk else 0)
+        lp, ent = forward_log_probs(model, micro, 0.8, layout, calculate_entropy=True)
         (lp.sum() + 0.5 * ent.sum()).backward()
         grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
         results.append((lp.detach(), ent.detach(), grads))
@@ -93,7 +94,8 @@ def test_chunked_path_under_fsdp2_equals_full_logits(model, batch_factory):
     results = []
     for chunk in (0, 4):
         sharded = apply_fsdp2(copy.deepcopy(model), reshard_after_forward=True)
-        lp, ent = forward_log_probs(sharded, micro, 1.0, True, True, logits_chunk_size=chunk, max_packed_row_len=16)
+        layout = ForwardLayout(use_remove_padding=True, logits_chunk_size=chunk, max_packed_row_len=16)
+        lp, ent = forward_log_probs(sharded, micro, 1.0, layout, calculate_entropy=True)
         (lp.sum() - ent.sum()).backward()
         grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters()}
         results.append((lp.detach(), grads))
@@ -105,13 +107,12 @@ def test_chunked_path_under_fsdp2_equals_full_logits(model, batch_factory):
 
 def test_critic_packed_rows_equal_padded(tiny_qwen_path, batch_factory):
     from verl.utils.fsdp_utils import load_value_model
-    from verl.workers.critic.dp_critic import forward_values
 
     torch.manual_seed(0)
     critic = load_value_model({"path": tiny_qwen_path})
     micro = batch_factory(num_rows=6, seed=2).batch
     with torch.no_grad():
-        padded = forward_values(critic, micro, use_remove_padding=False)
-        rows = forward_values(critic, micro, use_remove_padding=True, max_packed_row_len=16)
+        padded = forward_values(critic, micro, ForwardLayout(use_remove_padding=False))
+        rows = forward_values(critic, micro, ForwardLayout(use_remove_padding=True, max_packed_row_len=16))
     assert padded.abs().sum() > 0
     torch.testing.assert_close(rows, padded, atol=1e-5, rtol=0)

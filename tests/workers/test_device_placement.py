@@ -10,6 +10,8 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.device_memory import PhaseMemory
+from verl.utils.host_memory import HostMemoryConfig, HostMemoryHook
+from verl.utils.model_config import FSDPConfig
 from verl.workers.fsdp_workers import _FSDPModelWorker, _on_device
 
 
@@ -24,10 +26,9 @@ def test_on_device_copies_and_leaves_the_callers_batch_alone():
 
 
 @pytest.mark.parametrize("fsdp_config, moves", [
-    ({"optimizer_offload": True}, True),
-    ({"optimizer_offload": True, "param_offload": True}, False),  # AdamW steps on the CPU then
-    ({"optimizer_offload": False}, False),
-    ({}, False),
+    (FSDPConfig(optimizer_offload=True, param_offload=False), True),
+    (FSDPConfig(optimizer_offload=True, param_offload=True), False),  # AdamW steps on the CPU then
+    (FSDPConfig(optimizer_offload=False, param_offload=False), False),
 ])
 def test_optimizer_state_follows_the_parameters(fsdp_config, moves):
     assert _FSDPModelWorker._moves_optimizer(fsdp_config) is moves
@@ -49,7 +50,7 @@ def test_phase_memory_reports_the_phase_peak_and_forgets_after_pop():
 
 _MMAP_CHECK = """
 import ctypes, ctypes.util, torch
-from verl.utils.device_memory import host_mmap_threshold
+from verl.utils.host_memory import host_mmap_threshold
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
@@ -81,16 +82,18 @@ def test_update_mmap_threshold_maps_mid_sized_tensors_only_inside_the_block():
     assert out.split() == ["inside", "1", "True", "after", "0"], out
 
 
-def test_worker_reads_update_mmap_threshold_from_the_actor_config():
-    from types import SimpleNamespace
-
-    from omegaconf import OmegaConf
-
-    from verl.workers.fsdp_workers import ActorRolloutRefWorker
-
-    def threshold(value):
-        fake = SimpleNamespace(config=OmegaConf.create({"actor": {"update_mmap_threshold_mib": value}}))
-        return ActorRolloutRefWorker._update_mmap_threshold(fake)
-
-    assert threshold(None) is None and threshold(0) is None
-    assert threshold(1) == (None if torch.cuda.is_available() else 1 << 20)
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the host memory hook is CPU-only")
+def test_host_memory_hook_trims_after_a_phase_and_sets_the_update_threshold_only_when_asked():
+    hook = HostMemoryHook(HostMemoryConfig(trim_after_phase=True, update_mmap_threshold_mib=1))
+    with hook.phase("gen"):
+        block = torch.ones(64 * 2**20 // 4)
+        del block
+    assert set(hook.pop_metrics()) == {"perf/cpu_heap_trimmed_gb/gen"} and hook.pop_metrics() == {}
+    with hook.update() as applied:
+        assert applied
+    quiet = HostMemoryHook(HostMemoryConfig(trim_after_phase=False))
+    with quiet.phase("gen"):
+        pass
+    with quiet.update() as applied:
+        assert not applied
+    assert quiet.pop_metrics() == {}

@@ -6,10 +6,12 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
+from verl.utils.config import to_typed
 from verl.utils.fsdp_utils import load_causal_lm
+from verl.workers.actor.config import ActorConfig
 from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.batching import actor_update_batching
+from verl.workers.forward import ForwardLayout
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +24,24 @@ def actor_config(**overrides):
     base = dict(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=6, use_dynamic_bsz=False,
                 ppo_max_token_len_per_gpu=40, ppo_epochs=1, grad_clip=1.0, clip_ratio=0.2,
                 entropy_coeff=0.0, loss_agg_mode="token-mean", use_kl_loss=False, kl_loss_coef=0.01,
-                kl_loss_type="low_var_kl", tis_imp_ratio_cap=0.0, use_remove_padding=False,
-                policy_loss={"loss_mode": "vanilla"})
+                kl_loss_type="low_var_kl", tis_imp_ratio_cap=0.0, policy_loss={"loss_mode": "vanilla"})
     base.update(overrides)
-    return OmegaConf.create(base)
+    return to_typed(ActorConfig, base)
+
+
+def make_actor(model, optimizer=None, use_remove_padding=False, share_prompts=False, max_packed_row_len=0,
+               **overrides):
+    """An actor on one rank: its config, forward layout and update batching as the worker builds them."""
+    config = actor_config(**overrides)
+    layout = ForwardLayout(use_remove_padding=use_remove_padding, share_prompts=share_prompts,
+                           max_packed_row_len=max_packed_row_len)
+    return DataParallelPPOActor(config, model, optimizer, layout=layout,
+                                update=actor_update_batching(config, rollout_n=1, world_size=1))
+
+
+def log_probs_of(actor, data, calculate_entropy=False):
+    """``compute_log_prob`` with the actor's own micro-batching, temperature 1."""
+    return actor.compute_log_prob(data, actor.update.micro, 1.0, calculate_entropy)
 
 
 def reference_log_probs(model, data):
@@ -48,8 +64,8 @@ def reference_log_probs(model, data):
 
 def test_compute_log_prob_matches_plain_forward(model, batch_factory):
     data = batch_factory()
-    actor = DataParallelPPOActor(actor_config(ppo_micro_batch_size_per_gpu=4), model)
-    log_probs, entropy = actor.compute_log_prob(data, calculate_entropy=True)
+    log_probs, entropy = log_probs_of(make_actor(model, ppo_micro_batch_size_per_gpu=4, ppo_mini_batch_size=4),
+                                      data, calculate_entropy=True)
     expected = reference_log_probs(model, data)
     assert log_probs.shape == data.batch["responses"].shape
     torch.testing.assert_close(log_probs, expected, atol=1e-5, rtol=0)
@@ -59,8 +75,8 @@ def test_compute_log_prob_matches_plain_forward(model, batch_factory):
 
 def test_remove_padding_equals_padded(model, batch_factory):
     data = batch_factory(num_rows=5, seed=3)
-    padded, ent_padded = DataParallelPPOActor(actor_config(), model).compute_log_prob(data, True)
-    packed, ent_packed = DataParallelPPOActor(actor_config(use_remove_padding=True), model).compute_log_prob(data, True)
+    padded, ent_padded = log_probs_of(make_actor(model), data, True)
+    packed, ent_packed = log_probs_of(make_actor(model, use_remove_padding=True), data, True)
     torch.testing.assert_close(packed, padded, atol=1e-5, rtol=0)
     torch.testing.assert_close(ent_packed, ent_padded, atol=1e-5, rtol=0)
 
@@ -68,23 +84,22 @@ def test_remove_padding_equals_padded(model, batch_factory):
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_dynamic_bsz_equals_fixed_micro_batches(model, batch_factory, remove_padding):
     data = batch_factory(num_rows=7, seed=5)
-    fixed, _ = DataParallelPPOActor(actor_config(ppo_micro_batch_size_per_gpu=2, use_remove_padding=remove_padding),
-                                    model).compute_log_prob(data)
-    dynamic_cfg = actor_config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=30, use_remove_padding=remove_padding)
-    dynamic, _ = DataParallelPPOActor(dynamic_cfg, model).compute_log_prob(data)
+    fixed, _ = log_probs_of(make_actor(model, use_remove_padding=remove_padding, ppo_micro_batch_size_per_gpu=2), data)
+    dynamic, _ = log_probs_of(make_actor(model, use_remove_padding=remove_padding, use_dynamic_bsz=True,
+                                         ppo_max_token_len_per_gpu=30), data)
     torch.testing.assert_close(dynamic, fixed, atol=1e-5, rtol=0)
 
 
-def _updated_params(model, data, config):
+def _updated_params(model, data, **overrides):
     """Parameters after one update_policy with SGD (linear in the gradient, so equality is exact)."""
     clone = copy.deepcopy(model)
-    actor = DataParallelPPOActor(config, clone, torch.optim.SGD(clone.parameters(), lr=1.0))
-    metrics = actor.update_policy(data)
+    actor = make_actor(clone, torch.optim.SGD(clone.parameters(), lr=1.0), **overrides)
+    metrics = actor.update_policy(data, 1.0)
     return {k: v.detach().clone() for k, v in clone.named_parameters()}, metrics
 
 
 def _with_old_log_probs(model, data):
-    old, _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
+    old, _ = log_probs_of(make_actor(model), data)
     gen = torch.Generator().manual_seed(1)
     # perturbed "old" policy so ratios differ from 1 and clipping is exercised
     data.batch["old_log_probs"] = old + 0.3 * torch.randn(old.shape, generator=gen) * data.batch["response_mask"]
@@ -98,10 +113,10 @@ def test_grad_accumulation_equals_full_batch(model, batch_factory, loss_agg_mode
     data = _with_old_log_probs(model, batch_factory(num_rows=6, seed=7))
     common = dict(loss_agg_mode=loss_agg_mode, grad_clip=0.0, entropy_coeff=0.01, use_kl_loss=True,
                   tis_imp_ratio_cap=2.0)
-    full, full_metrics = _updated_params(model, data, actor_config(ppo_micro_batch_size_per_gpu=6, **common))
-    accum, accum_metrics = _updated_params(model, data, actor_config(ppo_micro_batch_size_per_gpu=3, **common))
-    dynamic, _ = _updated_params(model, data, actor_config(use_dynamic_bsz=True, ppo_max_token_len_per_gpu=40,
-                                                           use_remove_padding=True, **common))
+    full, full_metrics = _updated_params(model, data, ppo_micro_batch_size_per_gpu=6, **common)
+    accum, accum_metrics = _updated_params(model, data, ppo_micro_batch_size_per_gpu=3, **common)
+    dynamic, _ = _updated_params(model, data, use_remove_padding=True, use_dynamic_bsz=True,
+                                 ppo_max_token_len_per_gpu=40, **common)
     original = dict(model.named_parameters())
     assert any(not torch.equal(full[k], original[k]) for k in full), "the update changed nothing"
     for name in full:
@@ -119,7 +134,8 @@ def test_nonfinite_grad_skips_step(model, batch_factory):
     data.batch["response_mask"][0, 0] = 1
     clone = copy.deepcopy(model)
     before = {k: v.detach().clone() for k, v in clone.named_parameters()}
-    actor = DataParallelPPOActor(actor_config(ppo_mini_batch_size=4), clone, torch.optim.SGD(clone.parameters(), lr=1.0))
-    metrics = actor.update_policy(data)
+    actor = make_actor(clone, torch.optim.SGD(clone.parameters(), lr=1.0), ppo_mini_batch_size=4,
+                       ppo_micro_batch_size_per_gpu=4)
+    metrics = actor.update_policy(data, 1.0)
     assert metrics["actor/grad_norm_nonfinite"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in clone.named_parameters())

@@ -6,14 +6,13 @@ import copy
 
 import pytest
 import torch
-from omegaconf import OmegaConf
-
-from verl.trainer.ppo.config_check import load_default_config, on_policy_update
+from verl.trainer.ppo.config import load_config
+from verl.trainer.ppo.config_check import on_policy_update
 from verl.utils.fsdp_utils import load_causal_lm
 from verl.utils.prefix_sharing import pack_shared_prompts, supports_custom_mask
-from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.forward import ForwardLayout
 
-from .test_dp_actor import _updated_params, actor_config, reference_log_probs
+from .test_dp_actor import _updated_params, log_probs_of, make_actor, reference_log_probs
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +39,7 @@ def grouped_batch(batch_factory, group_sizes=(3, 2, 1, 2), seed=11):
     return data
 
 
-def shared_config(**overrides):
-    return actor_config(use_remove_padding=True, share_prompts=True, **overrides)
+SHARED = dict(use_remove_padding=True, share_prompts=True)
 
 
 def test_each_prompt_packed_once_and_siblings_masked(batch_factory):
@@ -70,21 +68,21 @@ def test_each_prompt_packed_once_and_siblings_masked(batch_factory):
 @pytest.mark.parametrize("max_row_len", [0, 24])  # 24: groups split, each part repeats the prompt
 def test_shared_log_probs_equal_plain_forward(model, batch_factory, max_row_len):
     data = grouped_batch(batch_factory)
-    actor = DataParallelPPOActor(shared_config(max_packed_row_len=max_row_len, ppo_micro_batch_size_per_gpu=8), model)
-    log_probs, entropy = actor.compute_log_prob(data, calculate_entropy=True)
+    plain = dict(ppo_micro_batch_size_per_gpu=8, ppo_mini_batch_size=8)
+    actor = make_actor(model, max_packed_row_len=max_row_len, **SHARED, **plain)
+    log_probs, entropy = log_probs_of(actor, data, calculate_entropy=True)
     torch.testing.assert_close(log_probs, reference_log_probs(model, data), atol=1e-5, rtol=0)
-    _, plain_entropy = DataParallelPPOActor(actor_config(ppo_micro_batch_size_per_gpu=8), model).compute_log_prob(
-        data, calculate_entropy=True)
+    _, plain_entropy = log_probs_of(make_actor(model, **plain), data, calculate_entropy=True)
     torch.testing.assert_close(entropy, plain_entropy, atol=1e-5, rtol=0)
 
 
 def test_shared_update_equals_padded_update(model, batch_factory):
     data = grouped_batch(batch_factory)
-    old, _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
+    old, _ = log_probs_of(make_actor(model), data)
     data.batch["old_log_probs"] = old + 0.2 * torch.randn(old.shape, generator=torch.Generator().manual_seed(2))
     common = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, entropy_coeff=0.01, grad_clip=0.0)
-    padded, _ = _updated_params(model, data, actor_config(**common))
-    shared, _ = _updated_params(model, data, shared_config(**common))
+    padded, _ = _updated_params(model, data, **common)
+    shared, _ = _updated_params(model, data, **SHARED, **common)
     assert any(not torch.equal(padded[k], v) for k, v in model.named_parameters())
     for name in padded:
         torch.testing.assert_close(shared[name], padded[name], atol=1e-6, rtol=1e-5, msg=name)
@@ -94,15 +92,15 @@ def test_on_policy_update_needs_no_old_log_probs(model, batch_factory):
     data = grouped_batch(batch_factory)
     common = dict(ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4, grad_clip=0.0)
     with_old = copy.deepcopy(data)
-    with_old.batch["old_log_probs"], _ = DataParallelPPOActor(actor_config(), model).compute_log_prob(data)
-    expected, expected_metrics = _updated_params(model, with_old, actor_config(**common))
-    got, metrics = _updated_params(model, data, actor_config(**common))
+    with_old.batch["old_log_probs"], _ = log_probs_of(make_actor(model), data)
+    expected, expected_metrics = _updated_params(model, with_old, **common)
+    got, metrics = _updated_params(model, data, **common)
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
     assert metrics["actor/pg_loss"] == pytest.approx(expected_metrics["actor/pg_loss"], abs=1e-6)
     assert metrics["actor/ppo_kl"] == 0.0 and metrics["actor/pg_clipfrac"] == 0.0
     with pytest.raises(KeyError, match="old_log_probs"):  # two mini-batches: the second is off-policy
-        _updated_params(model, data, actor_config(ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4))
+        _updated_params(model, data, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=4)
 
 
 @pytest.mark.parametrize("override, expected", [
@@ -114,10 +112,27 @@ def test_on_policy_update_needs_no_old_log_probs(model, batch_factory):
     ({"actor_rollout_ref.actor.skip_old_log_prob_on_policy": False}, False),
 ])
 def test_on_policy_update_detection(override, expected):
-    cfg = load_default_config()
-    OmegaConf.update(cfg, "data.train_batch_size", 8)
-    OmegaConf.update(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size", 8)
-    OmegaConf.update(cfg, "algorithm.use_kl_in_reward", False)
+    tree = {"data": {"train_batch_size": 8}, "trainer": {"n_gpus_per_node": 1},
+            "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8, "ppo_micro_batch_size": 4}},
+            "critic": {"ppo_micro_batch_size": 4}, "algorithm": {"use_kl_in_reward": False}}
     for key, value in override.items():
-        OmegaConf.update(cfg, key, value)
-    assert on_policy_update(cfg) is expected
+        *parents, leaf = key.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    assert on_policy_update(load_config(tree)) is expected
+
+
+def test_layout_keeps_share_prompts_only_where_the_attention_takes_a_mask(model, caplog):
+    from verl.utils.model_config import ModelConfig
+
+    config = ModelConfig(path="unused", share_prompts=True, use_remove_padding=True)
+    assert ForwardLayout.for_model(config, model).share_prompts
+    model.config._attn_implementation = "flash_attention_2"
+    try:
+        with caplog.at_level("WARNING", logger="verl.workers.forward"):
+            assert not ForwardLayout.for_model(config, model).share_prompts
+        assert "share_prompts is off" in caplog.text
+    finally:
+        model.config._attn_implementation = "sdpa"

@@ -13,13 +13,14 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 from verl.utils import torch_functional as F
 from verl.utils import varlen_attention
 from verl.utils.fsdp_utils import resolve_attn_implementation
-from verl.workers.actor.dp_actor import forward_log_probs
+from verl.workers.forward import ForwardLayout, forward_log_probs
 
 
 def _pair(device="cpu", dtype=torch.float32):
     """The same random Qwen2 (GQA: 4 query heads, 2 KV heads) under sdpa and torch_varlen."""
     config = Qwen2Config(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    varlen_attention.register()
     torch.manual_seed(0)
     # separate configs: from_config records the attention choice on the config object it is given
     sdpa = AutoModelForCausalLM.from_config(copy.deepcopy(config), attn_implementation="sdpa", dtype=dtype).to(device)
@@ -59,8 +60,8 @@ def test_packed_row_len_is_uncapped_for_varlen_only():
 
 def _log_probs_and_grads(model, micro, use_remove_padding):
     model.zero_grad(set_to_none=True)
-    log_probs, _ = forward_log_probs(model, micro, use_remove_padding=use_remove_padding, share_prompts=False,
-                                     max_packed_row_len=16)
+    layout = ForwardLayout(use_remove_padding=use_remove_padding, max_packed_row_len=16)
+    log_probs, _ = forward_log_probs(model, micro, 1.0, layout)
     mask = micro["attention_mask"][:, -6:].float()
     (log_probs * mask).sum().backward()
     return log_probs.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -98,15 +99,13 @@ def test_packed_varlen_matches_padded_sdpa_cuda_bf16():
     _check_same(sdpa, varlen, _batch("cuda"), atol=5e-2, grad_rtol=0.1)  # bf16: was 2.5, which passed anything
 
 
-def test_boundaries_computed_once_per_forward(monkeypatch):
-    """Every layer reuses the first layer's cu_seqlens (one host sync per forward, not per layer)."""
-    import weakref
-
-    misses = []
-    monkeypatch.setattr(varlen_attention, "weakref",
-                        type("W", (), {"ref": staticmethod(lambda t: misses.append(1) or weakref.ref(t))}))
+def test_packed_forward_finds_the_boundaries_once_not_per_layer(monkeypatch):
+    """forward_log_probs passes the boundaries with the inputs; no layer recomputes them."""
     _, varlen = _pair()
-    micro = _batch()
-    ids, pos, _, _ = F.pack_sequences_rows(micro["input_ids"], micro["attention_mask"], micro["position_ids"], 16)
-    varlen(input_ids=ids, position_ids=pos)
-    assert varlen.config.num_hidden_layers == 2 and len(misses) == 1
+    calls = []
+    original = varlen_attention.cu_seqlens_from_position_ids
+    monkeypatch.setattr(varlen_attention, "cu_seqlens_from_position_ids",
+                        lambda position_ids: calls.append(1) or original(position_ids))
+    with torch.no_grad():
+        forward_log_probs(varlen, _batch(), 1.0, ForwardLayout(use_remove_padding=True))
+    assert len(calls) == 1 and varlen.config.num_hidden_layers == 2

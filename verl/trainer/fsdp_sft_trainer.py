@@ -25,18 +25,22 @@ import random
 import time
 from pathlib import Path
 
-import hydra
+import sys
+from typing import Any, Sequence
+
 import numpy as np
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
 
+from search_r1.prompts import ENVIRONMENT_TEXT
 from verl.trainer.ppo import checkpointing
-from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.trainer.sft_config import SFTConfig
 from verl.utils import fsdp_utils, lora
+from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
+from verl.utils.config import ConfigError, to_plain, to_typed
 from verl.utils.dataset.sft_dataset import (SFTDataset, collate_right_padded, fixed_size_batches,
                                             token_budget_batches)
-from verl.utils.torch_functional import logprobs_from_logits
+from verl.utils.torch_functional import logprobs_from_logits, warmup_lr_lambda
 
 
 def sft_loss_sum(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -73,29 +77,20 @@ def _all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     return value
 
 
-def lr_lambda(step: int, total_steps: int, warmup_steps: int, schedule: str, min_lr_ratio: float) -> float:
-    """LR multiplier: linear warm-up to 1, then constant or cosine decay to ``min_lr_ratio``."""
-    if warmup_steps > 0 and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    if schedule == "constant":
-        return 1.0
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 class FSDPSFTTrainer:
     """SFT loop over ``SFTDataset`` with an FSDP2-sharded (optionally LoRA) causal LM.
 
     Args:
-        config: the ``sft_trainer.yaml`` tree (OmegaConf).
+        config: an ``SFTConfig`` (or a mapping of its keys, typed here).
     Raises:
-        ValueError: ``train_batch_size`` not divisible by the world size, bad data (see SFTDataset).
+        ValueError: a malformed config, ``train_batch_size`` not divisible by the world size, bad
+            data (see SFTDataset).
     """
 
-    def __init__(self, config: DictConfig):
+    def __init__(self, config: Any):
         from transformers import AutoTokenizer
 
-        self.config = config
+        self.config = config = to_typed(SFTConfig, config)
         fsdp_utils.init_distributed()
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         _seed_everything(config.trainer.seed)
@@ -121,7 +116,8 @@ class FSDPSFTTrainer:
         files = [files] if isinstance(files, str) else list(files)
         data = self.config.data
         return SFTDataset([os.path.expanduser(f) for f in files], self.tokenizer, data.max_length,
-                          data.truncation, data.messages_key, data.prompt_key, data.response_key)
+                          data.truncation, data.messages_key, data.prompt_key, data.response_key,
+                          environment_text=ENVIRONMENT_TEXT)
 
     def _build_model(self) -> torch.nn.Module:
         model_cfg = self.config.model
@@ -138,9 +134,9 @@ class FSDPSFTTrainer:
         optimizer = torch.optim.AdamW(params, lr=optim.lr, betas=tuple(optim.betas),
                                       weight_decay=optim.weight_decay)
         total = self.total_steps()
-        warmup = int(optim.warmup_steps_ratio * total)
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda s: lr_lambda(s, total, warmup, optim.lr_scheduler, optim.min_lr_ratio))
+        schedule = warmup_lr_lambda(total, int(optim.warmup_steps_ratio * total), optim.lr_scheduler,
+                                    optim.min_lr_ratio)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
         return optimizer, scheduler
 
     def steps_per_epoch(self) -> int:
@@ -267,23 +263,37 @@ def _seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def run_sft(config: DictConfig) -> dict:
-    """Build the trainer from a config and train. Returns the last step's metrics."""
+def run_sft(config: Any) -> dict:
+    """Build the trainer from a config (``SFTConfig`` or mapping) and train. Returns the last step's metrics."""
     from verl.utils.tracking import Tracking
 
-    OmegaConf.resolve(config)
     trainer = FSDPSFTTrainer(config)
-    tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, config.trainer.logger,
-                       os.path.expanduser(config.trainer.default_local_dir),
-                       OmegaConf.to_container(config, resolve=True))
+    config = trainer.config
+    tracker = Tracking(config.trainer.project_name, config.trainer.experiment_name, list(config.trainer.logger),
+                       os.path.expanduser(config.trainer.default_local_dir), to_plain(config))
     try:
         return trainer.fit(tracker)
     finally:
         tracker.finish()
 
 
-@hydra.main(config_path="config", config_name="sft_trainer", version_base=None)
-def main(config: DictConfig) -> None:
+def parse_config(overrides: Sequence[str]) -> SFTConfig:
+    """``config/sft_trainer.yaml`` with command-line ``overrides``, typed.
+
+    Raises:
+        ConfigError: a malformed override, an unknown key or a wrong type, named.
+    """
+    from verl.trainer.overrides import compose
+
+    return to_typed(SFTConfig, compose("sft_trainer", overrides))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    try:
+        config = parse_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
     run_sft(config)
 
 

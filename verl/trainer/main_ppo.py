@@ -1,44 +1,79 @@
-"""Hydra entry point of PPO/GRPO training: ``python -m verl.trainer.main_ppo key=value ...``.
+"""Entry point of PPO/GRPO training: ``python -m verl.trainer.main_ppo key=value ...``.
 
-The configuration is checked (types against ``config/ppo_trainer.yaml``, batch-size arithmetic,
-algorithm choices) before Ray starts or any model is loaded, so a typo fails in seconds with the
-key's name.
+The overrides are Hydra's grammar over ``config/ppo_trainer.yaml`` (:mod:`verl.trainer.overrides`);
+:func:`verl.trainer.ppo.config.load_config` names an unknown key, a wrong type or a bad combination
+in one line, before Ray starts or any model is loaded (exit status 2); so do a model path that is
+no model folder and a missing data file (:func:`check_paths`). A finished run ends with where its
+outputs are (:func:`verl.trainer.ppo.run_summary.closing_summary`).
 """
 
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Sequence
 
-import hydra
-from omegaconf import DictConfig, OmegaConf, open_dict
+from verl.trainer.overrides import compose
+from verl.trainer.ppo.config import PPOConfig, load_config
+from verl.trainer.ppo.config_check import needs_critic
+from verl.trainer.ppo.run_summary import closing_summary
+from verl.utils.config import ConfigError
+from verl.utils.model_path import check_model_path
 
-from verl.trainer.ppo.config_check import check_config, rollout_n
+
+def parse_config(overrides: Sequence[str], config_name: str = "ppo_trainer") -> PPOConfig:
+    """Compose ``config/<config_name>.yaml`` with command-line ``overrides`` and type it.
+
+    Raises:
+        ConfigError: a malformed override, an unknown key, a wrong type or a bad combination.
+    """
+    return load_config(compose(config_name, overrides))
 
 
-def run_ppo(cfg: DictConfig) -> dict:
-    """Build the trainer and train (or only validate) on a checked config. Returns the last metrics."""
-    OmegaConf.resolve(cfg)
-    with open_dict(cfg):
-        # Workers read rollout.n; Search-R1 scripts set n_agent instead.
-        cfg.actor_rollout_ref.rollout.n = rollout_n(cfg)
+def run_ppo(config: PPOConfig) -> dict:
+    """Build the trainer and train (or only validate). Returns the last metrics."""
     from verl.trainer.ppo.trainer_setup import build_trainer
 
-    trainer = build_trainer(cfg)
+    trainer = build_trainer(config)
     try:
-        return trainer.fit()
+        metrics = trainer.fit()
     finally:
         trainer.shutdown()
+    print("\n" + closing_summary(config, trainer.global_step, trainer.total_steps, metrics), flush=True)
+    return metrics
 
 
-@hydra.main(config_path="config", config_name="ppo_trainer", version_base=None)
-def main(cfg: DictConfig) -> None:
+def check_paths(config: PPOConfig) -> None:
+    """The models the run loads exist (a folder, or a hub id that can be fetched), and so do its
+    data files.
+
+    Raises:
+        ValueError: naming the key and its value.
+    """
+    check_model_path(config.actor_rollout_ref.model.path, "actor_rollout_ref.model.path")
+    if config.data.tokenizer:
+        check_model_path(config.data.tokenizer, "data.tokenizer")
+    if needs_critic(config):
+        check_model_path(config.critic.model.path, "critic.model.path")
+    for key in ("train_files", "val_files"):
+        files = getattr(config.data, key)
+        for path in [files] if isinstance(files, str) else list(files):
+            if not Path(path).expanduser().is_file():
+                raise ValueError(f"data.{key}={path}: no such file; write the parquet files with "
+                                 f"scripts/data_process/ (README, Data) or point data.{key} at them")
+
+
+def main(argv: Sequence[str] | None = None, defaults: Sequence[str] = ()) -> None:
+    """Parse ``defaults`` then ``argv`` (later overrides win), check, and train."""
+    overrides = [*defaults, *(sys.argv[1:] if argv is None else argv)]
     try:
-        check_config(cfg)
-    except ValueError as error:
+        config = parse_config(overrides)
+        check_paths(config)
+    except ValueError as error:  # ConfigError is a ValueError
         # The message names the culprit key; a traceback would only hide it.
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    run_ppo(cfg)
+    run_ppo(config)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ and fine up to a few billion parameters per host.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import logging
@@ -29,7 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from verl.utils import varlen_attention  # registers attn_implementation="torch_varlen"
+from verl.utils import varlen_attention
 
 logger = logging.getLogger(__name__)
 
@@ -78,25 +79,22 @@ def init_distributed() -> None:
     dist.init_process_group(backend=backend)
 
 
-def _cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
-    """Read ``key`` from a dict / OmegaConf node / object, with a default."""
-    if cfg is None:
-        return default
-    if isinstance(cfg, Mapping) or hasattr(cfg, "get"):
-        value = cfg.get(key, default)
-    else:
-        value = getattr(cfg, key, default)
-    return default if value is None else value
+def as_model_config(model_config: Any):
+    """A ``ModelConfig`` for a plain mapping (tests, benchmarks: ``{"path": ...}``); typed configs
+    (``ModelConfig``, the critic's and SFT's model configs) pass through unchanged."""
+    from verl.utils.config import to_typed
+    from verl.utils.model_config import ModelConfig
+
+    return to_typed(ModelConfig, model_config, "model") if isinstance(model_config, Mapping) else model_config
 
 
 def _pretrained_kwargs(model_config: Any, torch_dtype: torch.dtype) -> dict:
-    kwargs = {"dtype": torch_dtype,
-              "trust_remote_code": bool(_cfg_get(model_config, "trust_remote_code", False)),
-              "attn_implementation": resolve_attn_implementation(
-                  _cfg_get(model_config, "attn_implementation", None))}
-    gguf_file = _cfg_get(model_config, "gguf_file", None)
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
+    attn = resolve_attn_implementation(model_config.attn_implementation)
+    if attn == varlen_attention.NAME:
+        varlen_attention.register()
+    kwargs = {"dtype": torch_dtype, "trust_remote_code": model_config.trust_remote_code, "attn_implementation": attn}
+    if getattr(model_config, "gguf_file", None):
+        kwargs["gguf_file"] = model_config.gguf_file
     return kwargs
 
 
@@ -116,21 +114,22 @@ def load_model_config(model_config: Any):
     """``AutoConfig`` of ``model_config.path`` with ``override_config`` applied.
 
     Also imports ``external_lib`` first (a module that registers custom architectures).
+
+    Raises:
+        ValueError: ``path`` is empty.
     """
     from transformers import AutoConfig
 
-    external_lib = _cfg_get(model_config, "external_lib", None)
-    if external_lib:
-        importlib.import_module(external_lib)
-    path = _cfg_get(model_config, "path", None)
-    if not path:
+    model_config = as_model_config(model_config)
+    if model_config.external_lib:
+        importlib.import_module(model_config.external_lib)
+    if not model_config.path:
         raise ValueError("model.path is empty: give a local folder or a hub id")
-    kwargs = {"trust_remote_code": bool(_cfg_get(model_config, "trust_remote_code", False))}
-    gguf_file = _cfg_get(model_config, "gguf_file", None)
-    if gguf_file:
-        kwargs["gguf_file"] = gguf_file
-    config = AutoConfig.from_pretrained(path, **kwargs)
-    for key, value in dict(_cfg_get(model_config, "override_config", {}) or {}).items():
+    kwargs = {"trust_remote_code": model_config.trust_remote_code}
+    if getattr(model_config, "gguf_file", None):
+        kwargs["gguf_file"] = model_config.gguf_file
+    config = AutoConfig.from_pretrained(model_config.path, **kwargs)
+    for key, value in dict(model_config.override_config or {}).items():
         setattr(config, key, value)
     return config
 
@@ -140,9 +139,9 @@ def load_causal_lm(model_config: Any, torch_dtype: str | torch.dtype = torch.flo
     """Load a causal LM for the actor, the reference or SFT.
 
     Args:
-        model_config: the ``model`` config node: ``path`` (folder or hub id), ``trust_remote_code``,
-            ``gguf_file``, ``attn_implementation`` (default sdpa, flash_attention_2 when installed
-            on GPU), ``override_config`` (dict of config attributes), ``external_lib``,
+        model_config: a ``ModelConfig`` (or a mapping of its keys): ``path`` (folder or hub id),
+            ``trust_remote_code``, ``gguf_file``, ``attn_implementation`` (see
+            :func:`resolve_attn_implementation`), ``override_config``, ``external_lib``,
             ``enable_gradient_checkpointing``.
         torch_dtype: dtype of the loaded weights (fp32 master weights for training).
         trainable: False freezes all parameters (reference model) and skips checkpointing.
@@ -151,9 +150,10 @@ def load_causal_lm(model_config: Any, torch_dtype: str | torch.dtype = torch.flo
     """
     from transformers import AutoModelForCausalLM
 
+    model_config = as_model_config(model_config)
     config = load_model_config(model_config)
     model = AutoModelForCausalLM.from_pretrained(
-        _cfg_get(model_config, "path"), config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+        model_config.path, config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
     return _finish_model(model, model_config, trainable)
 
 
@@ -169,19 +169,87 @@ def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.f
     """
     from transformers import AutoModelForTokenClassification
 
+    model_config = as_model_config(model_config)
     config = load_model_config(model_config)
     config.num_labels = 1
     config.classifier_dropout = 0.0
-    model = AutoModelForTokenClassification.from_pretrained(
-        _cfg_get(model_config, "path"), config=config, **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    with _load_report_silenced():
+        model, info = AutoModelForTokenClassification.from_pretrained(
+            model_config.path, config=config, output_loading_info=True,
+            **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
+    _use_value_head(model)
+    _report_value_model_load(model, info, model_config.path)
     return _finish_model(model, model_config, trainable=True)
+
+
+@contextlib.contextmanager
+def _load_report_silenced():
+    """Hold back transformers' loading report (a warning-level table) for one ``from_pretrained``.
+
+    From a causal-LM checkpoint the value head is always missing and the LM head always unexpected,
+    so transformers' report would warn on every critic load; :func:`_report_value_model_load`
+    reports only what differs from that. Errors still raise.
+    """
+    def drop_report(record: logging.LogRecord) -> bool:
+        return "LOAD REPORT" not in str(record.msg)
+
+    report_logger = logging.getLogger("transformers.modeling_utils")
+    report_logger.addFilter(drop_report)
+    try:
+        yield
+    finally:
+        report_logger.removeFilter(drop_report)
+
+
+def _report_value_model_load(model: nn.Module, info: dict, path: str) -> None:
+    """Warn about checkpoint keys a critic load did not expect to miss or to skip."""
+    head = next(name for name, module in model.named_children() if isinstance(module, ValueHead))
+    missing = sorted(k for k in info["missing_keys"] if not k.startswith(f"{head}."))
+    unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith("lm_head."))
+    logger.info("critic from %s: value head %s newly initialised (the checkpoint is a causal LM)", path, head)
+    if missing:
+        logger.warning("critic from %s: %d weights missing from the checkpoint, newly initialised: %s",
+                       path, len(missing), ", ".join(missing[:10]))
+    if unexpected:
+        logger.warning("critic from %s: %d checkpoint weights not used: %s", path, len(unexpected),
+                       ", ".join(unexpected[:10]))
+
+
+class ValueHead(nn.Linear):
+    """The critic's ``nn.Linear`` head, computed as ``x @ W^T + b`` in two ops.
+
+    ``nn.Linear`` with a bias on a ``(B, T, H)`` input runs ``addmm`` on the flattened input and
+    returns a *view* of its ``(B*T, 1)`` result. That view is the value model's output, and FSDP2
+    registers the all-gather of its pre-backward hook on the root module's outputs: an in-place op
+    on a view output would silently drop that hook (torch warns "returned a view tensor"). Here the
+    bias is added out of place, so the logits own their storage. Same parameters and state-dict
+    keys as the ``nn.Linear`` it replaces; the sum differs from ``addmm``'s by rounding only.
+
+    Shapes: ``(..., in_features)`` -> ``(..., out_features)``.
+    """
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        out = nn.functional.linear(hidden, self.weight)
+        return out if self.bias is None else out + self.bias
+
+
+def _use_value_head(model: nn.Module) -> None:
+    """Swap the token-classification head (``score``, or ``classifier`` in some architectures) of
+    ``model`` for a :class:`ValueHead` holding the same parameters."""
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if type(head) is nn.Linear:
+            value_head = ValueHead(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
+            value_head.weight, value_head.bias = head.weight, head.bias
+            setattr(model, name, value_head)
+            return
 
 
 def _finish_model(model: nn.Module, model_config: Any, trainable: bool) -> nn.Module:
     if not trainable:
         model.requires_grad_(False)
         return model.eval()
-    if _cfg_get(model_config, "enable_gradient_checkpointing", False):
+    if model_config.enable_gradient_checkpointing:
         # Non-reentrant checkpointing works with FSDP2 and with inputs that need no grad.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False
@@ -207,8 +275,7 @@ def compile_decoder_layers(model: nn.Module) -> int:
 
     Per layer and before FSDP2 wraps it, as torchtitan does: FSDP2's hooks stay outside the
     compiled code, and the layers share one compiled graph. Eager, RMSNorm, rotary embeddings and
-    SiLU-gating run as separate memory-bound kernels; compiled they fuse (1.5B shape on the H200:
-    MFU 39.5% -> 46.2%, docs/benchmarks.md).
+    SiLU-gating run as separate memory-bound kernels; compiled they fuse (gain: docs/benchmarks.md).
     """
     layers = decoder_layers(model)
     for layer in layers:
@@ -216,20 +283,14 @@ def compile_decoder_layers(model: nn.Module) -> int:
     return len(layers)
 
 
-def mixed_precision_policy(mixed_precision: Any = None):
-    """FSDP2 policy: on GPU bf16 params / fp32 reduce by default; on CPU everything fp32.
-
-    ``mixed_precision`` is a dtype name (the param dtype) or a node with ``param_dtype`` and
-    ``reduce_dtype`` (GPU only).
-    """
+def mixed_precision_policy(mixed_precision: str | None = None):
+    """FSDP2 policy: on GPU ``mixed_precision`` parameters (default bf16) with fp32 gradient
+    reduction; on CPU everything fp32 (``fsdp_config.mixed_precision`` is a dtype name)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     if not torch.cuda.is_available():
         return MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
-    if isinstance(mixed_precision, str):  # the YAML's short form, e.g. ``mixed_precision: bf16``
-        mixed_precision = {"param_dtype": mixed_precision}
-    return MixedPrecisionPolicy(param_dtype=to_dtype(_cfg_get(mixed_precision, "param_dtype", "bf16")),
-                                reduce_dtype=to_dtype(_cfg_get(mixed_precision, "reduce_dtype", "fp32")),
+    return MixedPrecisionPolicy(param_dtype=to_dtype(mixed_precision or "bf16"), reduce_dtype=torch.float32,
                                 cast_forward_inputs=True)
 
 

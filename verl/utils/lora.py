@@ -30,9 +30,9 @@ _PEFT_PREFIX = "base_model.model."
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<ab>[AB])\.(?P<adapter>[^.]+)\.weight$")
 
 
-def lora_enabled(model_config: Mapping) -> bool:
+def lora_enabled(model_config) -> bool:
     """True when ``model_config.lora_rank`` (``actor_rollout_ref.model`` or SFT ``model``) > 0."""
-    return int(model_config.get("lora_rank", 0) or 0) > 0
+    return model_config.lora_rank > 0
 
 
 def _target_modules(target_modules):
@@ -68,12 +68,12 @@ def wrap_lora(model: torch.nn.Module, lora_rank: int, lora_alpha: float = 16,
     return get_peft_model(model, config)
 
 
-def maybe_wrap_lora(model: torch.nn.Module, model_config: Mapping):
+def maybe_wrap_lora(model: torch.nn.Module, model_config):
     """``wrap_lora`` with the keys of a model config when ``lora_rank > 0``; else ``model`` as is."""
     if not lora_enabled(model_config):
         return model
-    return wrap_lora(model, model_config["lora_rank"], model_config.get("lora_alpha", 16),
-                     model_config.get("target_modules") or DEFAULT_TARGET_MODULES)
+    return wrap_lora(model, model_config.lora_rank, model_config.lora_alpha,
+                     model_config.target_modules or DEFAULT_TARGET_MODULES)
 
 
 def is_lora_model(model: torch.nn.Module) -> bool:

@@ -89,13 +89,13 @@ def _convert_gguf(src_dir: Path, gguf_file: str, target: Path) -> None:
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(src_dir, gguf_file=gguf_file)
-    loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, torch_dtype=torch.float32)
+    loaded = AutoModelForCausalLM.from_pretrained(src_dir, gguf_file=gguf_file, dtype=torch.float32)
     config = AutoConfig.from_pretrained(src_dir, gguf_file=gguf_file)
     config.quantization_config = None
     if hasattr(config, "quantization_config"):
         del config.quantization_config
-    config.torch_dtype = "float32"
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    config.dtype = "float32"
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -138,7 +138,7 @@ def build_tiny_causal_lm(save_dir: str | os.PathLike, arch: str = "qwen2", hidde
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.save_pretrained(save_dir, safe_serialization=True)
     tokenizer.save_pretrained(save_dir)
     return str(save_dir)

@@ -15,6 +15,8 @@ Shapes use B = rows, T = total (prompt + response) length, N = number of valid t
 
 from __future__ import annotations
 
+import functools
+
 import math
 
 import torch
@@ -154,9 +156,9 @@ def warmup_lr_lambda(total_steps: int, warmup_steps: int, style: str = "constant
         ValueError: unknown ``style`` or cosine without ``total_steps``.
     """
     if style not in ("constant", "cosine"):
-        raise ValueError(f"optim.warmup_style must be 'constant' or 'cosine', got {style!r}")
+        raise ValueError(f"learning-rate schedule must be 'constant' or 'cosine', got {style!r}")
     if style == "cosine" and total_steps <= 0:
-        raise ValueError("optim.warmup_style=cosine needs optim.total_training_steps > 0")
+        raise ValueError("optim.warmup_style=cosine needs a run of total_steps > 0 steps")
 
     def multiplier(step: int) -> float:
         if step < warmup_steps:
@@ -169,35 +171,25 @@ def warmup_lr_lambda(total_steps: int, warmup_steps: int, style: str = "constant
     return multiplier
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config) -> torch.optim.lr_scheduler.LambdaLR:
-    """LambdaLR from an ``optim`` config node.
-
-    Keys: ``total_training_steps`` (int), ``lr_warmup_steps`` (int, overrides the ratio when > 0),
-    ``lr_warmup_steps_ratio`` (fraction of total steps), ``warmup_style`` (constant|cosine),
-    ``min_lr_ratio`` (cosine floor, fraction of lr).
-    """
-    get = optim_config.get
-    total = int(get("total_training_steps", 0) or 0)
-    warmup = int(get("lr_warmup_steps", -1) or -1)
-    if warmup < 0:
-        warmup = int(float(get("lr_warmup_steps_ratio", 0.0) or 0.0) * total)
-    style = get("warmup_style", "constant") or "constant"
-    fn = warmup_lr_lambda(total, warmup, style, float(get("min_lr_ratio", 0.0) or 0.0))
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, optim_config,
+                       total_training_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """LambdaLR from an ``OptimConfig`` (``lr_warmup_steps_ratio`` of ``total_training_steps``,
+    ``warmup_style`` constant|cosine, ``min_lr_ratio`` the cosine floor) over the run's length."""
+    warmup = int(optim_config.lr_warmup_steps_ratio * total_training_steps)
+    fn = warmup_lr_lambda(total_training_steps, warmup, optim_config.warmup_style, optim_config.min_lr_ratio or 0.0)
     return torch.optim.lr_scheduler.LambdaLR(optimizer, fn)
 
 
 def build_optimizer(params, optim_config) -> torch.optim.AdamW:
-    """AdamW from an ``optim`` config node (``lr``, ``weight_decay``, ``betas``, ``eps``).
+    """AdamW from an ``OptimConfig`` (``lr``, ``weight_decay``, ``betas``, ``eps``).
 
     Raises:
-        ValueError: ``lr`` is missing or not positive.
+        ValueError: ``lr`` is not positive.
     """
-    lr = float(optim_config.get("lr", 0.0) or 0.0)
-    if lr <= 0:
-        raise ValueError(f"optim.lr must be > 0, got {lr}")
-    betas = tuple(optim_config.get("betas", (0.9, 0.999)) or (0.9, 0.999))
-    return torch.optim.AdamW(params, lr=lr, betas=betas, eps=float(optim_config.get("eps", 1e-8) or 1e-8),
-                             weight_decay=float(optim_config.get("weight_decay", 0.01) or 0.0))
+    if optim_config.lr <= 0:
+        raise ValueError(f"optim.lr must be > 0, got {optim_config.lr}")
+    return torch.optim.AdamW(params, lr=optim_config.lr, betas=tuple(optim_config.betas), eps=optim_config.eps,
+                             weight_decay=optim_config.weight_decay)
 
 
 def pack_sequences_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
@@ -264,23 +256,21 @@ def _token_stats(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return torch.stack(stats, dim=-1)
 
 
-_compiled_token_stats = None
-
-
-def use_compiled_token_stats(enabled: bool = True) -> None:
-    """Run the per-chunk log-prob/entropy math through ``torch.compile`` (process-wide switch).
+@functools.cache
+def _compiled_token_stats():
+    """``_token_stats`` through ``torch.compile``, compiled once per process on first use.
 
     Eager, each chunk makes ~20 passes over its ``(chunk, vocab)`` fp32 logits (cast, logsumexp,
     softmax, product, sum and their backward); compiled, these fuse into a few kernels. veRL's
     ``use_torch_compile`` compiles its entropy/log-prob functions for the same reason.
     """
-    global _compiled_token_stats
-    _compiled_token_stats = torch.compile(_token_stats, dynamic=True) if enabled else None
+    return torch.compile(_token_stats, dynamic=True)
 
 
 def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                              bias: torch.Tensor | None = None, temperature: float = 1.0, chunk_size: int = 4096,
-                             calculate_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             calculate_entropy: bool = False, compiled: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropy) of ``labels`` under ``softmax((hidden @ weight.T + bias) / temperature)``.
 
     Never holds more than ``chunk_size`` tokens' logits: with a 152k vocabulary, fp32 logits of a
@@ -291,6 +281,7 @@ def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels:
         hidden: ``(N, d)`` last hidden states (the LM head's input).
         weight: ``(V, d)`` LM head weight; ``bias`` ``(V,)`` or None.
         labels: ``(N,)`` target token ids.
+        compiled: run each chunk's math through ``torch.compile`` (GPU; see ``_compiled_token_stats``).
     Returns:
         ``log_probs`` ``(N,)`` and ``entropy`` ``(N,)`` (or None), fp32, nats.
     """
@@ -299,7 +290,7 @@ def chunked_logprobs_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels:
     if chunk_size <= 0:
         raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    stats_fn = _compiled_token_stats or _token_stats
+    stats_fn = _compiled_token_stats() if compiled else _token_stats
     chunks = []
     for start in range(0, hidden.shape[0], chunk_size):
         args = (hidden[start:start + chunk_size], weight, bias, labels[start:start + chunk_size],

@@ -9,8 +9,11 @@ rows are capped at ``max_packed_row_len``; with this kernel a micro-batch can be
 
 Sequence boundaries come from ``position_ids``: a packed sequence starts where its position is 0
 (the layout of :func:`verl.utils.torch_functional.pack_sequences_rows`, whose row filler also
-starts at 0). The flash-attention-2 integration of transformers reads boundaries the same way;
-this one needs no ``flash_attn`` package (torch >= 2.10 ships the kernel).
+starts at 0). The caller computes them once per forward (:func:`boundary_kwargs`) and passes them
+with the model's inputs, as transformers' flash-attention kwargs ``cu_seq_lens_q`` /
+``max_length_q``, so no layer repeats the host sync; without them each call derives its own. This
+kernel needs no ``flash_attn`` package (torch >= 2.10 ships it). :func:`register` makes the name
+known to transformers; the model loader calls it when the name is requested.
 
 Fallbacks (same results, no varlen kernel): a padded batch (2D mask with zeros) or a KV-cache step
 goes to transformers' sdpa; on CPU, or in fp32, each sequence runs through sdpa on its own.
@@ -20,15 +23,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-import weakref
 
 import torch
 import torch.nn.functional as F
 
 NAME = "torch_varlen"
-
-_last_boundaries: tuple = (None, -1, None, 0)  # (weakref to position_ids, its _version, cu_seqlens, max_len)
-
 
 def varlen_kernel_available() -> bool:
     """Whether :func:`torch.nn.attention.varlen.varlen_attn` exists and a CUDA device is present."""
@@ -55,24 +54,23 @@ def cu_seqlens_from_position_ids(position_ids: torch.Tensor) -> tuple[torch.Tens
 
     Returns:
         ``cu_seqlens`` ``(N + 1,)`` int32 (``N`` sequences, last entry ``B * L``) and the longest
-        sequence's length. Repeated calls with the same unmodified tensor (one per layer, and the
-        checkpoint recomputation) reuse the first result, so the host sync happens once per forward.
+        sequence's length (one host sync).
     Raises:
         ValueError: the first position is not 0 (a row would start mid-sequence).
     """
-    global _last_boundaries
-    ref, version, cu, max_len = _last_boundaries
-    if ref is not None and ref() is position_ids and version == position_ids._version:
-        return cu, max_len
     flat = position_ids.reshape(-1)
     starts = torch.nonzero(flat == 0).flatten()
     if starts.numel() == 0 or int(starts[0]) != 0:
         raise ValueError("torch_varlen attention needs packed position_ids whose sequences start at position 0; "
                          f"got first positions {flat[:8].tolist()}")
     cu = torch.cat([starts, starts.new_tensor([flat.numel()])]).to(torch.int32)
-    max_len = int((cu[1:] - cu[:-1]).max())
-    _last_boundaries = (weakref.ref(position_ids), position_ids._version, cu, max_len)
-    return cu, max_len
+    return cu, int((cu[1:] - cu[:-1]).max())
+
+
+def boundary_kwargs(position_ids: torch.Tensor) -> dict:
+    """The sequence boundaries of a packed forward as model keyword arguments (computed once)."""
+    cu, max_len = cu_seqlens_from_position_ids(position_ids)
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": max_len, "max_length_k": max_len}
 
 
 @functools.cache
@@ -118,7 +116,9 @@ def varlen_attention_forward(module, query: torch.Tensor, key: torch.Tensor, val
                              dropout: float = 0.0, **kwargs):
     """transformers attention function: ``query`` ``(B, H, S, D)``, ``key``/``value`` ``(B, H_kv, S, D)``.
 
-    Returns ``(attn_output (B, S, H, D), None)`` as transformers' attention functions do.
+    Boundaries come from ``kwargs["cu_seq_lens_q"]`` / ``["max_length_q"]`` (:func:`boundary_kwargs`)
+    or, without them, from ``kwargs["position_ids"]``. Returns ``(attn_output (B, S, H, D), None)``
+    as transformers' attention functions do.
     Raises:
         ValueError: dropout is requested (the policy's forward never uses it) or positions are
             missing/malformed (see :func:`cu_seqlens_from_position_ids`).
@@ -132,9 +132,10 @@ def varlen_attention_forward(module, query: torch.Tensor, key: torch.Tensor, val
     if dropout:
         raise ValueError(f"torch_varlen attention does not implement dropout (got {dropout})")
     batch, heads, seqlen, head_dim = query.shape
-    if position_ids.shape != (batch, seqlen):  # e.g. (1, L) shared by rows; expand only then (a new
-        position_ids = position_ids.expand(batch, seqlen)  # tensor object defeats the per-forward cache)
-    cu, max_len = cu_seqlens_from_position_ids(position_ids)
+    if kwargs.get("cu_seq_lens_q") is not None:
+        cu, max_len = kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"])
+    else:
+        cu, max_len = cu_seqlens_from_position_ids(position_ids.expand(batch, seqlen))
     q, k, v = (t.transpose(1, 2).reshape(batch * seqlen, t.shape[1], head_dim) for t in (query, key, value))
     if q.is_cuda and q.dtype in (torch.float16, torch.bfloat16):
         out = _flash_varlen(q, k, v, cu, max_len, scaling)
@@ -159,6 +160,3 @@ def register() -> None:
 
     AttentionInterface.register(NAME, varlen_attention_forward)
     AttentionMaskInterface.register(NAME, varlen_attention_mask)
-
-
-register()

@@ -2,68 +2,62 @@
 
 ``ActorRolloutRefWorker`` hosts, in one process per rank, any of: the trainable actor (FSDP2 +
 AdamW), the rollout engine (vLLM or transformers, colocated so weights move in memory) and the
-frozen reference policy. ``CriticWorker`` hosts the value model. Batch-size keys follow veRL:
-algorithmic sizes (``ppo_mini_batch_size``, counted in prompts) are global and multiplied by
-``rollout.n``; performance knobs (``*_micro_batch_size_per_gpu``, token budgets) are per rank.
-Numerical work lives in :mod:`verl.workers.actor.dp_actor` and :mod:`verl.workers.critic.dp_critic`;
-this module wires models, optimizers, engines and checkpoints to the group's calls.
+frozen reference policy. ``CriticWorker`` hosts the value model. Each takes its typed config section
+and a :class:`WorkerRun` (what the trainer derived for the whole run); the per-rank batch sizes come
+from :mod:`verl.workers.batching`. Numerical work lives in :mod:`verl.workers.actor.dp_actor`,
+:mod:`verl.workers.critic.dp_critic` and :mod:`verl.workers.forward`; this module wires models,
+optimizers, engines and checkpoints to the group's calls.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf, open_dict
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
 from verl.utils import fsdp_utils, lora
 from verl.utils.checkpoint import FSDPCheckpointManager
-from verl.utils.device_memory import PhaseMemory, host_mmap_threshold
-from verl.utils.torch_functional import build_lr_scheduler, build_optimizer, use_compiled_token_stats
+from verl.utils.config import to_typed
+from verl.utils.device_memory import PhaseMemory
+from verl.utils.host_memory import HostMemoryConfig, HostMemoryHook
+from verl.utils.torch_functional import build_lr_scheduler, build_optimizer
+from verl.workers import batching
 from verl.workers.actor.dp_actor import DataParallelPPOActor
+from verl.workers.config import ActorRolloutRefConfig
+from verl.workers.critic.config import CriticConfig
 from verl.workers.critic.dp_critic import DataParallelPPOCritic
+from verl.workers.forward import ForwardLayout
 
 logger = logging.getLogger(__name__)
 
 ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
 
 
-def _plain_config(config: Any) -> DictConfig:
-    """A resolved, writable copy of a config subtree (dict or DictConfig)."""
-    if isinstance(config, DictConfig):
-        config = OmegaConf.to_container(config, resolve=True)
-    cfg = OmegaConf.create(config)
-    OmegaConf.set_struct(cfg, False)
-    return cfg
+@dataclass(frozen=True)
+class WorkerRun:
+    """What the workers need to know about the run beyond their own config section.
 
+    The trainer derives these once (:mod:`verl.trainer.ppo.run_plan`); the defaults serve workers
+    built alone (tests, benchmarks).
 
-def per_rank(value: int, world_size: int, key: str) -> int:
-    """``value // world_size``, refusing sizes that do not split evenly over the ranks.
-
-    Raises:
-        ValueError: naming ``key`` when ``value`` is not a positive multiple of ``world_size``.
+    Args:
+        rollout_n: responses per prompt (the mini-batch rows are ``ppo_mini_batch_size x rollout_n``).
+        total_training_steps: optimizer steps of the run (length of the LR schedules).
+        max_model_len: the rollout engine's context length (None: the engine's own default).
+        host_memory: CPU-only heap tuning (:mod:`verl.utils.host_memory`).
     """
-    if value < world_size or value % world_size:
-        raise ValueError(f"{key}={value} must be a positive multiple of the data-parallel size {world_size}")
-    return value // world_size
 
-
-def normalize_micro_batch(node: DictConfig, key: str, world_size: int, use_dynamic: bool) -> None:
-    """Fill ``<key>_per_gpu`` from the legacy global ``<key>`` when only that is set.
-
-    Raises:
-        ValueError: neither is set and dynamic batching is off.
-    """
-    per_gpu = node.get(f"{key}_per_gpu")
-    if per_gpu is None and node.get(key):
-        node[f"{key}_per_gpu"] = per_rank(int(node[key]), world_size, key)
-    elif per_gpu is None and not use_dynamic:
-        raise ValueError(f"set {key}_per_gpu (or use_dynamic_bsz with a token budget)")
+    rollout_n: int = 1
+    total_training_steps: int = 0
+    max_model_len: int | None = None
+    host_memory: HostMemoryConfig = field(default_factory=HostMemoryConfig)
 
 
 def reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
@@ -74,19 +68,6 @@ def reduce_metrics_over_ranks(metrics: dict[str, float]) -> dict[str, float]:
     values = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
     dist.all_reduce(values)
     return {k: float(v) / dist.get_world_size() for k, v in zip(keys, values)}
-
-
-DEFAULT_PACKED_ROW_LEN = 4096
-
-
-def _packed_row_len(model_config: DictConfig) -> int:
-    """Tokens per packed row with ``use_remove_padding`` (0: one row per micro-batch).
-
-    Attention inside a packed row runs over a dense block-diagonal mask (sdpa), so its cost grows
-    with the row length squared: rows of <= 4096 tokens were fastest on the H200, <= 1024 on CPU
-    (docs/benchmarks.md).
-    """
-    return int(model_config.get("max_packed_row_len", DEFAULT_PACKED_ROW_LEN) or 0)
 
 
 def _on_device(data: DataProto) -> DataProto:
@@ -104,42 +85,44 @@ def _metrics_proto(metrics: dict[str, float]) -> DataProto:
     return DataProto.from_dict(meta_info={"metrics": metrics})
 
 
-def build_rollout(rollout_config: DictConfig, model_path: str, tokenizer):
-    """The colocated rollout engine (``verl.workers.rollout.build_rollout_engine``: vLLM or HF).
+def _load_tokenizer(path: str, trust_remote_code: bool):
+    from transformers import AutoTokenizer
 
-    The engine loads its own copy of ``model_path`` (the FSDP actor's weights are sharded); after
-    each actor update :meth:`ActorRolloutRefWorker._sync_rollout_weights` pushes the new ones.
-    """
-    from verl.workers.rollout import build_rollout_engine
-
-    return build_rollout_engine(rollout_config, model_path, tokenizer)
-
-
-def _sampling_params(meta_info: dict, rollout_config: DictConfig):
-    """``meta_info["sampling_params"]`` (a SamplingParams dict) or the rollout config's defaults."""
-    from verl.workers.rollout.base import SamplingParams
-
-    if "sampling_params" in meta_info:
-        return SamplingParams(**meta_info["sampling_params"])
-    return SamplingParams(temperature=float(rollout_config.get("temperature", 1.0)),
-                          top_p=float(rollout_config.get("top_p", 1.0)), top_k=int(rollout_config.get("top_k", -1)),
-                          max_tokens=int(rollout_config.get("response_length", 512)), n=1)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
 
 
 class _FSDPModelWorker(Worker):
-    """What the actor and critic workers share: set-up of an FSDP2 model, optimizer, scheduler."""
+    """What the actor and critic workers share: an FSDP2 model with optimizer and scheduler, phases."""
 
-    def _build_trainable(self, model: torch.nn.Module, fsdp_config: Any, optim_config: Any):
-        model = fsdp_utils.apply_fsdp2(model, mixed_precision=fsdp_config.get("mixed_precision"),
-                                       param_offload=bool(fsdp_config.get("param_offload", False)))
+    def __init__(self, run: WorkerRun | None):
+        super().__init__()
+        self.run = run or WorkerRun()
+        self.phase_memory = PhaseMemory()
+        self.host_memory = HostMemoryHook(self.run.host_memory)
+
+    @contextlib.contextmanager
+    def _phase(self, name: str) -> Iterator[None]:
+        """One phase of a step: its peak memory is recorded, and on CPU the heap trimmed after it."""
+        with self.host_memory.phase(name), self.phase_memory.track(name):
+            yield
+
+    def _phase_metrics(self) -> dict[str, float]:
+        return {**self.phase_memory.pop_metrics(), **self.host_memory.pop_metrics()}
+
+    def _build_trainable(self, model: torch.nn.Module, fsdp_config, optim_config):
+        model = fsdp_utils.apply_fsdp2(model, mixed_precision=fsdp_config.mixed_precision,
+                                       param_offload=fsdp_config.param_offload)
         optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optim_config)
-        return model, optimizer, build_lr_scheduler(optimizer, optim_config)
+        return model, optimizer, build_lr_scheduler(optimizer, optim_config, self.run.total_training_steps)
 
     @staticmethod
     def _moves_optimizer(fsdp_config) -> bool:
         # With param_offload, FSDP2 keeps parameters and gradients on the CPU and AdamW steps there:
         # its state must stay on the CPU too (moving it to the GPU breaks the second step).
-        return bool(fsdp_config.get("optimizer_offload", False)) and not fsdp_config.get("param_offload", False)
+        return fsdp_config.optimizer_offload and not fsdp_config.param_offload
 
     def _optimizer_on_device(self, optimizer, fsdp_config) -> None:
         if self._moves_optimizer(fsdp_config):
@@ -149,121 +132,106 @@ class _FSDPModelWorker(Worker):
         if self._moves_optimizer(fsdp_config):
             fsdp_utils.offload_optimizer(optimizer)
 
-    @staticmethod
-    def _load_tokenizer(path: str, trust_remote_code: bool):
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        if tokenizer.pad_token_id is None:
-            tokenizer.pad_token = tokenizer.eos_token
-        return tokenizer
+    def _step_scheduler(self, metrics: dict[str, float], key: str) -> None:
+        metrics[key] = self.lr_scheduler.get_last_lr()[0]
+        self.lr_scheduler.step()
 
 
 class ActorRolloutRefWorker(_FSDPModelWorker):
     """Actor, rollout and/or reference in one process (the hybrid engine).
 
     Args:
-        config: the ``actor_rollout_ref`` config subtree (``model``, ``actor``, ``ref``, ``rollout``).
+        config: the ``actor_rollout_ref`` section (an ``ActorRolloutRefConfig`` or a mapping of it).
         role: one of ``actor``, ``rollout``, ``ref``, ``actor_rollout``, ``actor_rollout_ref``.
+        run: the run's derived values (:class:`WorkerRun`).
     Raises:
-        ValueError: unknown role, or batch sizes that do not split over the ranks.
+        ValueError: unknown role, a malformed config, or batch sizes that do not split over the ranks.
     """
 
-    def __init__(self, config: Any, role: str = "actor_rollout_ref"):
-        super().__init__()
+    def __init__(self, config: Any, role: str = "actor_rollout_ref", run: WorkerRun | None = None):
         if role not in ROLES:
             raise ValueError(f"unknown role {role!r}; expected one of {ROLES}")
+        self.config = to_typed(ActorRolloutRefConfig, config, "actor_rollout_ref")
+        super().__init__(run or WorkerRun(rollout_n=self.config.rollout.n))
         self.role = role
-        self.config = _plain_config(config)
         self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_rollout_ref")
         self.init_process_group()
-        self._normalize_config()
-        self.actor = self.ref_policy = self.rollout_engine = None
-        self.phase_memory = PhaseMemory()
-
-    def _normalize_config(self) -> None:
         cfg, world = self.config, self.world_size
-        actor = cfg.setdefault("actor", {})
-        rollout = cfg.setdefault("rollout", {})
-        use_dynamic = bool(actor.get("use_dynamic_bsz", False))
-        if self._is_actor:
-            n = int(rollout.get("n", 1))
-            actor.ppo_mini_batch_size = per_rank(int(actor.ppo_mini_batch_size) * n, world,
-                                                 "actor.ppo_mini_batch_size * rollout.n")
-            normalize_micro_batch(actor, "ppo_micro_batch_size", world, use_dynamic)
-        for name in ("rollout", "ref"):
-            node = cfg.setdefault(name, {})
-            normalize_micro_batch(node, "log_prob_micro_batch_size", world,
-                                  bool(node.get("log_prob_use_dynamic_bsz", use_dynamic)))
-        # the actor's forward layout follows the model node (as in veRL)
-        actor.use_remove_padding = bool(cfg.model.get("use_remove_padding", False))
-        actor.max_packed_row_len = _packed_row_len(cfg.model)
-        actor.share_prompts = bool(cfg.model.get("share_prompts", False))
+        self.update_batching = (batching.actor_update_batching(cfg.actor, self.run.rollout_n, world)
+                                if self._is_actor else None)
+        self.old_log_prob_batching = batching.log_prob_batching("rollout", cfg.rollout, cfg.actor, world)
+        self.ref_log_prob_batching = batching.log_prob_batching("ref", cfg.ref, cfg.actor, world)
+        self.actor = self.ref_policy = self.rollout_engine = None
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the models this role needs, shard them, build optimizer and rollout engine."""
         model_cfg = self.config.model
-        self.tokenizer = self._load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
-                                              bool(model_cfg.get("trust_remote_code", False)))
+        self.tokenizer = _load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         if self._is_actor:
             self._init_actor()
         if self._is_ref:
             self._init_ref()
         if self._is_rollout:
-            if torch.cuda.is_available():  # what the engine's memory check will see
-                free, total = torch.cuda.mem_get_info()
-                logger.info("before rollout engine: %.1f of %.1f GiB free, %.1f GiB allocated by torch here",
-                            free / 2**30, total / 2**30, torch.cuda.memory_allocated() / 2**30)
-            self.rollout_engine = build_rollout(self.config.rollout, model_cfg.path, self.tokenizer)
-            if self._is_actor and lora.is_lora_model(self.actor_module):
-                self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
+            self._init_rollout()
+
+    def _layout(self, model: torch.nn.Module) -> ForwardLayout:
+        compiled = torch.cuda.is_available() and self.config.actor.use_torch_compile
+        return ForwardLayout.for_model(self.config.model, model, compiled_token_stats=compiled)
 
     def _init_actor(self) -> None:
-        actor_cfg, fsdp_cfg = self.config.actor, self.config.actor.get("fsdp_config", {})
+        actor_cfg = self.config.actor
         model = fsdp_utils.load_causal_lm(self.config.model, torch_dtype=torch.float32, trainable=True)
         model = lora.maybe_wrap_lora(model, self.config.model)
-        if lora.is_lora_model(model) and self.config.model.get("enable_gradient_checkpointing", False):
+        if lora.is_lora_model(model) and self.config.model.enable_gradient_checkpointing:
             model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
         # the transformers rollout generates with this very module: keep its layers eager
-        self._maybe_compile(model, compile_layers=not (self._is_rollout and self.config.rollout.name == "hf"))
+        self._maybe_compile_layers(model, compile_layers=not (self._is_rollout and self.config.rollout.name == "hf"))
         self.actor_module, self.actor_optimizer, self.lr_scheduler = self._build_trainable(
-            model, fsdp_cfg, actor_cfg.optim)
-        self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer)
+            model, actor_cfg.fsdp_config, actor_cfg.optim)
+        self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
+                                          layout=self._layout(self.actor_module), update=self.update_batching)
         self.checkpoint_manager = FSDPCheckpointManager(self.actor_module, self.actor_optimizer,
                                                         self.lr_scheduler, self.tokenizer)
-        self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+        self._optimizer_off_device(self.actor_optimizer, actor_cfg.fsdp_config)
 
     def _init_ref(self) -> None:
-        ref_cfg = _plain_config(self.config.ref)
-        ref_cfg.use_remove_padding = bool(self.config.model.get("use_remove_padding", False))
-        ref_cfg.max_packed_row_len = _packed_row_len(self.config.model)
-        ref_cfg.share_prompts = bool(self.config.model.get("share_prompts", False))
         if self._is_actor and lora.is_lora_model(self.actor_module):
-            # Hook: a LoRA actor's reference is its own base (adapters disabled), no second copy.
+            # A LoRA actor's reference is its own base (adapters disabled), no second copy.
             self.ref_module = None
-            self.ref_policy = DataParallelPPOActor(ref_cfg, self.actor_module)
+            self.ref_policy = DataParallelPPOActor(self.config.actor, self.actor_module, layout=self.actor.layout)
             return
         model = fsdp_utils.load_causal_lm(self.config.model, torch_dtype=torch.float32, trainable=False)
-        self._maybe_compile(model, compile_layers=True)
-        self.ref_module = fsdp_utils.apply_fsdp2(
-            model, mixed_precision=self.config.actor.get("fsdp_config", {}).get("mixed_precision"),
-            param_offload=bool(ref_cfg.get("fsdp_config", {}).get("param_offload", False)))
-        self.ref_policy = DataParallelPPOActor(ref_cfg, self.ref_module)
+        self._maybe_compile_layers(model, compile_layers=True)
+        self.ref_module = fsdp_utils.apply_fsdp2(model, mixed_precision=self.config.actor.fsdp_config.mixed_precision,
+                                                 param_offload=self.config.ref.fsdp_config.param_offload)
+        self.ref_policy = DataParallelPPOActor(self.config.actor, self.ref_module, layout=self._layout(self.ref_module))
 
-    def _maybe_compile(self, model: torch.nn.Module, compile_layers: bool) -> None:
-        """``actor.use_torch_compile`` on a GPU: compiled log-prob/entropy chunks and decoder layers.
+    def _init_rollout(self) -> None:
+        from verl.workers.rollout import build_rollout_engine
+
+        if torch.cuda.is_available():  # what the engine's memory check will see
+            free, total = torch.cuda.mem_get_info()
+            logger.info("before rollout engine: %.1f of %.1f GiB free, %.1f GiB allocated by torch here",
+                        free / 2**30, total / 2**30, torch.cuda.memory_allocated() / 2**30)
+        # The engine loads its own copy of model.path (the FSDP actor's weights are sharded); after
+        # each actor update _sync_rollout_weights pushes the new ones.
+        self.rollout_engine = build_rollout_engine(self.config.rollout, self.config.model.path, self.tokenizer,
+                                                   max_model_len=self.run.max_model_len)
+        if self._is_actor and lora.is_lora_model(self.actor_module):
+            self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
+
+    def _maybe_compile_layers(self, model: torch.nn.Module, compile_layers: bool) -> None:
+        """``actor.use_torch_compile`` on a GPU: compile each decoder layer (LoRA models stay eager).
 
         CPU runs stay eager (inductor's CPU backend needs a C++ toolchain, and compilation costs
-        more than it saves on the small CPU batches); LoRA models stay eager (peft's wrappers).
+        more than it saves on the small CPU batches).
         """
-        if not (torch.cuda.is_available() and self.config.actor.get("use_torch_compile", True)):
-            return
-        use_compiled_token_stats(True)
-        if compile_layers and not lora.is_lora_model(model):
+        if (compile_layers and torch.cuda.is_available() and self.config.actor.use_torch_compile
+                and not lora.is_lora_model(model)):
             fsdp_utils.compile_decoder_layers(model)
 
     # ------------------------------------------------------------------ rollout
@@ -271,15 +239,21 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
     def generate_sequences(self, data: DataProto) -> DataProto:
         """Sample continuations of ``non_tensor_batch["raw_prompt_ids"]`` (lists of token ids).
 
-        Sampling parameters come from ``meta_info["sampling_params"]`` (a ``SamplingParams``
-        dict) or the rollout config. Returns per-row ``output_token_ids``, ``output_log_probs``,
-        ``finish_reason`` and ``stop_str`` (``n`` rows per prompt, samples adjacent).
+        ``meta_info["sampling_params"]`` (a ``SamplingParams`` dict, built by the trainer) says how.
+        Returns per-row ``output_token_ids``, ``output_log_probs``, ``finish_reason`` and ``stop_str``.
+
+        Raises:
+            RuntimeError: this role has no engine; ValueError: no sampling parameters were sent.
         """
+        from verl.workers.rollout.base import SamplingParams
+
         if self.rollout_engine is None:
             raise RuntimeError(f"generate_sequences on a worker with role {self.role!r} (no rollout engine)")
+        if "sampling_params" not in data.meta_info:
+            raise ValueError("generate_sequences needs meta_info['sampling_params'] (a SamplingParams dict)")
         prompts = [list(map(int, ids)) for ids in data.non_tensor_batch["raw_prompt_ids"]]
-        with self.phase_memory.track("gen"):
-            outputs = self.rollout_engine.generate(prompts, _sampling_params(data.meta_info, self.config.rollout))
+        with self._phase("gen"):
+            outputs = self.rollout_engine.generate(prompts, SamplingParams(**data.meta_info["sampling_params"]))
         return DataProto.from_dict(non_tensors={
             "output_token_ids": [list(o.token_ids) for o in outputs],
             "output_log_probs": [list(o.log_probs) for o in outputs],
@@ -298,7 +272,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if self.rollout_engine is None:
             raise RuntimeError(f"generate_trajectories on a worker with role {self.role!r} (no rollout engine)")
         agent_loop = data.meta_info["agent_loop"]
-        with self.phase_memory.track("gen"):
+        with self._phase("gen"):
             return agent_loop(self.rollout_engine, self.tokenizer, data)
 
     def _sync_rollout_weights(self) -> None:
@@ -314,33 +288,25 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         self.rollout_engine.update_weights(named)
 
     # ------------------------------------------------------------------ log-probs
-    def _log_prob_meta(self, data: DataProto, node: DictConfig) -> None:
-        data.meta_info.setdefault("micro_batch_size", node.get("log_prob_micro_batch_size_per_gpu"))
-        data.meta_info.setdefault("use_dynamic_bsz", bool(node.get("log_prob_use_dynamic_bsz",
-                                                                   self.config.actor.get("use_dynamic_bsz", False))))
-        data.meta_info.setdefault("max_token_len", node.get("log_prob_max_token_len_per_gpu")
-                                  or self.config.actor.get("ppo_max_token_len_per_gpu"))
-        data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
-
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """``old_log_probs`` and ``entropys`` ``(B, R)`` of the current actor (no grad)."""
+        """``old_log_probs`` and ``entropys`` ``(B, R)`` of the current actor (no grad), at the
+        rollout's sampling temperature."""
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob on a worker with role {self.role!r} (no actor)")
-        self._log_prob_meta(data, self.config.rollout)
-        with self.phase_memory.track("old_log_prob"):
-            log_probs, entropy = self.actor.compute_log_prob(_on_device(data), calculate_entropy=True)
-        return DataProto.from_dict(tensors={"old_log_probs": log_probs.cpu(), "entropys": entropy.cpu()},
-                                   meta_info={"temperature": data.meta_info["temperature"]})
+        with self._phase("old_log_prob"):
+            log_probs, entropy = self.actor.compute_log_prob(_on_device(data), self.old_log_prob_batching,
+                                                             self.config.rollout.temperature, calculate_entropy=True)
+        return DataProto.from_dict(tensors={"old_log_probs": log_probs.cpu(), "entropys": entropy.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """``ref_log_probs`` ``(B, R)`` of the frozen reference policy."""
         if self.ref_policy is None:
             raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r} (no reference)")
-        self._log_prob_meta(data, self.config.ref)
-        with lora.reference_policy(self.ref_policy.actor_module), self.phase_memory.track("ref"):
-            log_probs, _ = self.ref_policy.compute_log_prob(_on_device(data), calculate_entropy=False)
+        with lora.reference_policy(self.ref_policy.actor_module), self._phase("ref"):
+            log_probs, _ = self.ref_policy.compute_log_prob(_on_device(data), self.ref_log_prob_batching,
+                                                            self.config.rollout.temperature)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs.cpu()})
 
     # ------------------------------------------------------------------ update
@@ -354,32 +320,24 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         """
         if self.actor is None:
             raise RuntimeError(f"update_actor on a worker with role {self.role!r} (no actor)")
-        fsdp_cfg = self.config.actor.get("fsdp_config", {})
-        data.meta_info.setdefault("temperature", float(self.config.rollout.get("temperature", 1.0)))
-        if self.rollout_engine is not None:
+        fsdp_cfg = self.config.actor.fsdp_config
+        releases = self.rollout_engine is not None and self.config.rollout.free_cache_engine
+        if releases:
             self.rollout_engine.release_memory()
-        with self.phase_memory.track("update_actor"), host_mmap_threshold(self._update_mmap_threshold()):
+        with self._phase("update_actor"), self.host_memory.update():
             self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
-            metrics = self.actor.update_policy(_on_device(data))
-            metrics["actor/lr"] = self.lr_scheduler.get_last_lr()[0]
-            self.lr_scheduler.step()
+            metrics = self.actor.update_policy(_on_device(data), self.config.rollout.temperature)
+            self._step_scheduler(metrics, "actor/lr")
             self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
         if self.rollout_engine is not None:
             started = time.perf_counter()
-            with self.phase_memory.track("weight_sync"):
-                self.rollout_engine.resume_memory()
+            with self._phase("weight_sync"):
+                if releases:
+                    self.rollout_engine.resume_memory()
                 self._sync_rollout_weights()
             metrics["timing_s/weight_sync"] = time.perf_counter() - started
-        metrics.update(self.phase_memory.pop_metrics())
+        metrics.update(self._phase_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
-
-    def _update_mmap_threshold(self) -> int | None:
-        """Bytes for :func:`host_mmap_threshold` during the update: CPU-only runs, from
-        ``actor.update_mmap_threshold_mib`` (null/0: glibc's own threshold)."""
-        mib = self.config.actor.get("update_mmap_threshold_mib", None)
-        if not mib or torch.cuda.is_available():
-            return None
-        return int(float(mib) * 2**20)
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -409,60 +367,51 @@ class CriticWorker(_FSDPModelWorker):
     """The value model (LM body + scalar head) with its optimizer.
 
     Args:
-        config: the ``critic`` config subtree (``model``, ``optim``, batch sizes, ``cliprange_value``,
-            ``rollout_n``: samples per prompt, default 1, multiplies ``ppo_mini_batch_size``).
+        config: the ``critic`` section (a ``CriticConfig`` or a complete mapping of it: standalone,
+            its keys that default to the actor's must be given).
+        run: the run's derived values (:class:`WorkerRun`; ``rollout_n`` multiplies ``ppo_mini_batch_size``).
     """
 
-    def __init__(self, config: Any):
-        super().__init__()
-        self.config = _plain_config(config)
+    def __init__(self, config: Any, run: WorkerRun | None = None):
+        self.config = to_typed(CriticConfig, config, "critic")
+        super().__init__(run)
         self.init_process_group()
-        self.phase_memory = PhaseMemory()
-        cfg, world = self.config, self.world_size
-        use_dynamic = bool(cfg.get("use_dynamic_bsz", False))
-        cfg.ppo_mini_batch_size = per_rank(int(cfg.ppo_mini_batch_size) * int(cfg.get("rollout_n", 1) or 1), world,
-                                           "critic.ppo_mini_batch_size * rollout_n")
-        normalize_micro_batch(cfg, "ppo_micro_batch_size", world, use_dynamic)
-        if cfg.get("forward_micro_batch_size_per_gpu") is None and not cfg.get("forward_micro_batch_size"):
-            cfg.forward_micro_batch_size_per_gpu = cfg.get("ppo_micro_batch_size_per_gpu")
-        normalize_micro_batch(cfg, "forward_micro_batch_size", world, use_dynamic)
-        cfg.use_remove_padding = bool(cfg.model.get("use_remove_padding", False))
-        cfg.max_packed_row_len = _packed_row_len(cfg.model)
-
-    def _fsdp_config(self):
-        return self.config.model.get("fsdp_config") or self.config.get("fsdp_config") or {}
+        self.update_batching, self.forward_batching = batching.critic_batching(self.config, self.run.rollout_n,
+                                                                               self.world_size)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
         """Load the value model from the (causal-LM) checkpoint, shard it, build the optimizer."""
         model_cfg = self.config.model
-        self.tokenizer = self._load_tokenizer(model_cfg.get("tokenizer_path") or model_cfg.path,
-                                              bool(model_cfg.get("trust_remote_code", False)))
+        self.tokenizer = _load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         model = fsdp_utils.load_value_model(model_cfg, torch_dtype=torch.float32)
         self.critic_module, self.critic_optimizer, self.lr_scheduler = self._build_trainable(
-            model, self._fsdp_config(), self.config.optim)
-        self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer)
+            model, model_cfg.fsdp_config, self.config.optim)
+        layout = ForwardLayout(use_remove_padding=model_cfg.use_remove_padding,
+                               max_packed_row_len=model_cfg.max_packed_row_len or 0)
+        self.critic = DataParallelPPOCritic(self.config, self.critic_module, self.critic_optimizer, layout=layout,
+                                            update=self.update_batching, forward=self.forward_batching)
         self.checkpoint_manager = FSDPCheckpointManager(self.critic_module, self.critic_optimizer,
                                                         self.lr_scheduler, self.tokenizer)
-        self._optimizer_off_device(self.critic_optimizer, self._fsdp_config())
+        self._optimizer_off_device(self.critic_optimizer, model_cfg.fsdp_config)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` ``(B, R)``: the critic's estimate before each response token."""
-        with self.phase_memory.track("values"):
+        with self._phase("values"):
             values = self.critic.compute_values(_on_device(data))
         return DataProto.from_dict(tensors={"values": values.cpu()})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss epochs; ``meta_info["metrics"]`` as for the actor (``critic/*``)."""
-        with self.phase_memory.track("update_critic"):
-            self._optimizer_on_device(self.critic_optimizer, self._fsdp_config())
+        fsdp_cfg = self.config.model.fsdp_config
+        with self._phase("update_critic"):
+            self._optimizer_on_device(self.critic_optimizer, fsdp_cfg)
             metrics = self.critic.update_critic(_on_device(data))
-            metrics["critic/lr"] = self.lr_scheduler.get_last_lr()[0]
-            self.lr_scheduler.step()
-            self._optimizer_off_device(self.critic_optimizer, self._fsdp_config())
-        metrics.update(self.phase_memory.pop_metrics())
+            self._step_scheduler(metrics, "critic/lr")
+            self._optimizer_off_device(self.critic_optimizer, fsdp_cfg)
+        metrics.update(self._phase_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -12,11 +12,10 @@ DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
 # glibc malloc settings for CPU-only runs, where the actor, reference, optimizer and vLLM engine
 # all live in one worker's heap (trainer.worker_env_vars: null picks them; see worker_env_vars()).
 # MALLOC_ARENA_MAX: at most 2 heaps (glibc's default is 8 per core), so memory freed by one thread
-# is reused by the others instead of sitting in a per-thread arena. Not set here:
-# MALLOC_MMAP_THRESHOLD_=1048576 would return every freed tensor >= 1 MiB to the OS (worker peak
-# -0.9 GiB in vs_trl) but costs ~25 s per vs_trl step in page faults (ref forward 22 -> 31-39 s,
-# update 78 -> 89-93 s); the worker applies it to the actor update only
-# (actor.update_mmap_threshold_mib) and trims its heap after each phase (PhaseMemory).
+# is reused by the others instead of sitting in a per-thread arena. A process-wide
+# MALLOC_MMAP_THRESHOLD_ is not set: its page faults slow every phase (docs/benchmarks.md); the
+# worker's optional heap tuning (verl.utils.host_memory, trainer.host_memory) applies a threshold
+# to the actor update only and trims the heap after each phase.
 CPU_MALLOC_ENV_VARS = {"MALLOC_ARENA_MAX": "2"}
 
 

@@ -84,8 +84,24 @@ class BatchLoader:
         self.sampler.load_state_dict(state)
 
 
-def iterate_in_order(dataset: Sequence, collate_fn: Callable, batch_size: int):
+class InOrderBatches:
+    """All rows in file order in batches of ``batch_size`` (last one partial), for validation.
+
+    Iterable (again and again); ``num_rows`` is the number of rows it yields (sizes progress bars).
+    """
+
+    def __init__(self, dataset: Sequence, collate_fn: Callable, batch_size: int):
+        if batch_size <= 0:
+            raise ValueError(f"data.val_batch_size must be positive, got {batch_size}")
+        self.dataset, self.collate_fn, self.batch_size = dataset, collate_fn, int(batch_size)
+        self.num_rows = len(dataset)
+
+    def __iter__(self):
+        for start in range(0, self.num_rows, self.batch_size):
+            rows = [self.dataset[i] for i in range(start, min(start + self.batch_size, self.num_rows))]
+            yield collated_to_dataproto(self.collate_fn(rows))
+
+
+def iterate_in_order(dataset: Sequence, collate_fn: Callable, batch_size: int) -> InOrderBatches:
     """All rows in file order in batches of ``batch_size`` (last one partial), for validation."""
-    for start in range(0, len(dataset), batch_size):
-        rows = [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
-        yield collated_to_dataproto(collate_fn(rows))
+    return InOrderBatches(dataset, collate_fn, batch_size)

@@ -2,7 +2,8 @@
 
 critic/score|rewards|advantages|returns|values/{mean,max,min}: over response tokens (scores and
 rewards summed per sequence first); response_length/{mean,max,min,clip_ratio}; env/* from the
-generation manager's per-row stats; timing_s/*; perf/{throughput_tokens_per_s,mfu/actor}.
+generation manager's per-row stats; timing_s/*; perf/{throughput_tokens_per_s,mfu/actor};
+val/*: per-question statistics over the whole validation set (never means of batch means).
 """
 
 from __future__ import annotations
@@ -69,22 +70,35 @@ def _clip_ratio(batch, response_length: torch.Tensor, response_width: int) -> fl
     return (response_length >= response_width).float().mean().item()
 
 
+ENV_STATS = ("turns", "valid_action", "valid_search", "finished")
+
+
 def compute_env_metrics(batch, prefix: str = "env") -> dict[str, float]:
     """Search-R1's environment statistics from per-row ``turns``, ``valid_action``, ``valid_search``,
     ``finished`` (as the generation manager reports them)."""
-    turns, valid = row_stat(batch, "turns"), row_stat(batch, "valid_action")
-    searches, finished = row_stat(batch, "valid_search"), row_stat(batch, "finished")
+    return env_metrics({key: row_stat(batch, key) for key in ENV_STATS}, prefix)
+
+
+def env_metrics(stats: dict[str, np.ndarray | None], prefix: str = "env") -> dict[str, float]:
+    """The ``<prefix>/*`` statistics over rows: each figure is a mean (or max/min) over every row given.
+
+    Args:
+        stats: per-row arrays (B,) under the keys of :data:`ENV_STATS`; a missing or None entry
+            leaves its metrics out.
+    """
+    turns, valid = stats.get("turns"), stats.get("valid_action")
+    searches, finished = stats.get("valid_search"), stats.get("finished")
     metrics = {}
-    if turns is not None:
+    if turns is not None and len(turns):
         metrics.update({f"{prefix}/number_of_actions/mean": turns.mean(),
                         f"{prefix}/number_of_actions/max": turns.max(),
                         f"{prefix}/number_of_actions/min": turns.min()})
         if valid is not None:
             metrics[f"{prefix}/number_of_valid_action"] = valid.mean()
             metrics[f"{prefix}/ratio_of_valid_action"] = float((valid / np.maximum(turns, 1)).mean())
-    if searches is not None:
+    if searches is not None and len(searches):
         metrics[f"{prefix}/number_of_valid_search"] = searches.mean()
-    if finished is not None:
+    if finished is not None and len(finished):
         metrics[f"{prefix}/finish_ratio"] = finished.mean()
     return {k: float(v) for k, v in metrics.items()}
 
@@ -138,17 +152,38 @@ def reduce_worker_metrics(metrics: dict) -> dict[str, float]:
 
 
 def compute_validation_metrics(data_sources: list[str], scores: list[float],
-                               env: list[dict[str, float]]) -> dict[str, float]:
-    """``val/test_score/<data_source>`` means, plus ``val/env/*`` search statistics (mean over batches)."""
+                               env_stats: dict[str, np.ndarray | None] | None = None,
+                               ems: list[float] | None = None) -> dict[str, float]:
+    """Validation figures, every one a per-row (per-question) statistic over the whole set.
+
+    ``val/test_score/<data_source>`` and ``val/test_score/all``: mean reward per row;
+    ``val/test_em/*`` the same for exact match (when ``ems`` is given, one per row);
+    ``val/env/*``: :func:`env_metrics` over all rows. How the rows were batched does not matter.
+
+    Args:
+        data_sources, scores: one entry per row.
+        env_stats: per-row arrays (:data:`ENV_STATS`), aligned with ``scores``.
+        ems: per-row exact match, or None.
+    Raises:
+        ValueError: ``ems`` or an ``env_stats`` array has a different length than ``scores``.
+    """
+    metrics = _means_by_source("val/test_score", data_sources, scores)
+    if ems is not None:
+        if len(ems) != len(scores):
+            raise ValueError(f"{len(ems)} exact-match values for {len(scores)} rows")
+        metrics.update(_means_by_source("val/test_em", data_sources, ems))
+    for key, values in (env_stats or {}).items():
+        if values is not None and len(values) != len(scores):
+            raise ValueError(f"per-row stat {key!r} has {len(values)} values for {len(scores)} rows")
+    metrics.update({f"val/{key}": value for key, value in env_metrics(env_stats or {}).items()})
+    return metrics
+
+
+def _means_by_source(prefix: str, data_sources: list[str], values: list[float]) -> dict[str, float]:
     by_source = defaultdict(list)
-    for source, score in zip(data_sources, scores):
-        by_source[str(source)].append(score)
-    metrics = {f"val/test_score/{source}": float(np.mean(values)) for source, values in by_source.items()}
-    if scores:
-        metrics["val/test_score/all"] = float(np.mean(scores))
-    sums = defaultdict(float)
-    for part in env:
-        for key, value in part.items():
-            sums[key] += value
-    metrics.update({f"val/{key}": value / len(env) for key, value in sums.items()})
+    for source, value in zip(data_sources, values):
+        by_source[str(source)].append(float(value))
+    metrics = {f"{prefix}/{source}": float(np.mean(group)) for source, group in by_source.items()}
+    if len(values):
+        metrics[f"{prefix}/all"] = float(np.mean(values))
     return metrics

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
-from omegaconf import DictConfig
 from tqdm import tqdm
 
 from verl.trainer.ppo import checkpointing, metric_utils, stages
@@ -21,7 +20,7 @@ from verl.utils.timer import timer
 
 @dataclass
 class WorkerHandles:
-    """Worker groups with a ``call(method, batch)`` that pads rows to the group's world size.
+    """The worker groups of the run (their data-parallel methods split and pad rows themselves).
 
     ``actor_rollout``: actor + rollout engine (+ reference when colocated); ``ref``: the group that
     computes ``ref_log_probs`` (None when no KL is used); ``critic``: None for GRPO; ``shutdown``
@@ -31,26 +30,22 @@ class WorkerHandles:
     actor_rollout: Any
     ref: Any
     critic: Any
-    call: Callable
     shutdown: Callable = lambda: None
 
 
 class RayPPOTrainer:
     """PPO (``gae`` + critic) and GRPO (``grpo``, no critic) over multi-turn search rollouts."""
 
-    def __init__(self, config: DictConfig, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
-                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, total_steps: int,
-                 num_params: int = 0):
-        self.config, self.tokenizer, self.workers = config, tokenizer, workers
+    def __init__(self, config, plan, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
+                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0):
+        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values)."""
+        self.config, self.plan, self.tokenizer, self.workers = config, plan, tokenizer, workers
         self.train_loader, self.val_batches = train_loader, val_batches
         self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
-        self.kl_ctrl, self.tracker, self.total_steps, self.num_params = kl_ctrl, tracker, total_steps, num_params
-        from verl.trainer.ppo.config_check import data_parallel_size, on_policy_update, rollout_n
+        self.kl_ctrl, self.tracker, self.num_params = kl_ctrl, tracker, num_params
+        self.total_steps = plan.total_training_steps
         from verl.trainer.ppo.rollout_adapter import sampling_params
 
-        self.n = rollout_n(config)
-        self.num_devices = data_parallel_size(config)
-        self.skip_old_log_prob = on_policy_update(config)
         rollout_cfg, data_cfg = config.actor_rollout_ref.rollout, config.data
         self.train_params = sampling_params(rollout_cfg, data_cfg.max_response_length)
         self.val_params = sampling_params(rollout_cfg, data_cfg.max_response_length, validate=True)
@@ -62,7 +57,7 @@ class RayPPOTrainer:
         """One PPO/GRPO iteration on a batch of prompts; returns its metrics."""
         cfg, w, timings, metrics = self.config, self.workers, {}, {}
         with timer("step", timings):
-            batch = stages.expand_groups(batch, self.n)                                        # 1
+            batch = stages.expand_groups(batch, self.plan.rollout_n)                                        # 1
             with timer("gen", timings):
                 batch = self.generate(batch, self.train_params)                                # 2
             timings["retrieval"] = batch.meta_info.get("timing", {}).get("retrieval_s", 0.0)
@@ -88,22 +83,21 @@ class RayPPOTrainer:
 
     def compute_log_probs_and_values(self, batch, timings: dict, metrics: dict) -> None:
         w = self.workers
-        batch.meta_info["temperature"] = float(self.config.actor_rollout_ref.rollout.temperature)
         with timer("old_log_prob", timings):
-            if not self.skip_old_log_prob:  # else the update uses its own log-probs (on-policy)
-                stages.merge_outputs(batch, w.call(w.actor_rollout, "compute_log_prob", batch))
+            if not self.plan.on_policy_update:  # else the update uses its own log-probs (on-policy)
+                stages.merge_outputs(batch, w.actor_rollout.compute_log_prob(batch))
         if "entropys" in batch.batch.keys():
             mask = batch.batch["response_mask"].bool()
             metrics["actor/entropy"] = batch.batch["entropys"][mask].mean().item() if mask.any() else 0.0
         if w.ref is not None:
             with timer("ref", timings):
-                stages.merge_outputs(batch, w.call(w.ref, "compute_ref_log_prob", batch))
+                stages.merge_outputs(batch, w.ref.compute_ref_log_prob(batch))
         if w.critic is not None:
             with timer("values", timings):
-                stages.merge_outputs(batch, w.call(w.critic, "compute_values", batch))
+                stages.merge_outputs(batch, w.critic.compute_values(batch))
 
     def update(self, group, method: str, batch) -> dict[str, float]:
-        output = self.workers.call(group, method, batch)
+        output = getattr(group, method)(batch)
         return metric_utils.reduce_worker_metrics(output.meta_info.get("metrics", {}))
 
     def step_metrics(self, batch, timings: dict) -> dict[str, float]:
@@ -111,7 +105,7 @@ class RayPPOTrainer:
         metrics.update(metric_utils.compute_timing_metrics(timings))
         metrics.update(metric_utils.compute_throughput_metrics(
             stages.num_tokens(batch), timings, self.num_params,
-            int(self.config.actor_rollout_ref.actor.ppo_epochs), self.num_devices, self.peak_flops))
+            self.config.actor_rollout_ref.actor.ppo_epochs, self.plan.data_parallel_size, self.peak_flops))
         return metrics
 
     # ------------------------------------------------------------------------------------- loop
@@ -148,7 +142,7 @@ class RayPPOTrainer:
 
     def validate(self) -> dict[str, float]:
         def generate(batch):
-            batch = stages.expand_groups(batch, 1)
+            batch = stages.expand_groups(batch, self.config.actor_rollout_ref.rollout.val_kwargs.n)
             return self.generate(batch, self.val_params)
 
         return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer,

@@ -18,7 +18,6 @@ from typing import Iterable
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
 
 from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
@@ -38,7 +37,8 @@ class WorkerGroupEngine(RolloutEngine):
         worker_group: a worker group whose ``generate_sequences(DataProto)`` reads per-row
             ``raw_prompt_ids`` and ``meta_info["sampling_params"]`` and returns per-row
             ``output_token_ids``, ``output_log_probs``, ``finish_reason`` (and ``stop_str``).
-        world_size: number of workers the rows are split over (rows are padded to a multiple).
+        world_size: number of workers the rows are split over (the async loop's search cap is
+            split over them).
     """
 
     def __init__(self, worker_group, world_size: int = 1):
@@ -47,7 +47,7 @@ class WorkerGroupEngine(RolloutEngine):
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RolloutOutput]:
         """One output per prompt and sample, prompts in order, samples of a prompt adjacent."""
-        from verl.protocol import DataProto, pad_dataproto_to_divisor, unpad_dataproto
+        from verl.protocol import DataProto
 
         if not prompt_token_ids:
             return []
@@ -56,9 +56,7 @@ class WorkerGroupEngine(RolloutEngine):
         single = dataclasses.replace(params, n=1)
         data = DataProto.from_dict(non_tensors={"raw_prompt_ids": _object_array(rows)},
                                    meta_info={"sampling_params": dataclasses.asdict(single)})
-        data, pad_size = pad_dataproto_to_divisor(data, self.world_size)
-        output = unpad_dataproto(self.worker_group.generate_sequences(data), pad_size)
-        return _to_outputs(output)
+        return _to_outputs(self.worker_group.generate_sequences(data))  # the dispatcher pads to the ranks
 
     def run_agent_loop(self, rows, agent_loop):
         """Run ``agent_loop(engine, tokenizer, rows_of_this_worker)`` on every worker; rows in order.
@@ -70,11 +68,8 @@ class WorkerGroupEngine(RolloutEngine):
         Returns:
             The workers' DataProtos concatenated in row order (the padding rows removed).
         """
-        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
-
-        data, pad_size = pad_dataproto_to_divisor(rows, self.world_size)
-        data.meta_info["agent_loop"] = agent_loop.for_workers(self.world_size)
-        return unpad_dataproto(self.worker_group.generate_trajectories(data), pad_size)
+        rows.meta_info["agent_loop"] = agent_loop.for_workers(self.world_size)
+        return self.worker_group.generate_trajectories(rows)  # the dispatcher pads to the ranks
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """No-op: the workers push weights into their engine after each actor update."""
@@ -91,8 +86,8 @@ def _to_outputs(output) -> list[RolloutOutput]:
     ]
 
 
-def sampling_params(rollout_cfg: DictConfig, max_tokens: int, validate: bool = False) -> SamplingParams:
-    """Per-turn sampling parameters from ``actor_rollout_ref.rollout``.
+def sampling_params(rollout_cfg, max_tokens: int, validate: bool = False) -> SamplingParams:
+    """Per-turn sampling parameters from ``actor_rollout_ref.rollout`` (a ``RolloutConfig``).
 
     Training samples with ``temperature/top_p/top_k``. Validation uses ``rollout.val_kwargs``; with
     ``do_sample: false`` it is truly greedy (temperature 0), which Search-R1 meant but did not do.
@@ -106,10 +101,11 @@ def sampling_params(rollout_cfg: DictConfig, max_tokens: int, validate: bool = F
     """
     source = rollout_cfg.val_kwargs if validate else rollout_cfg
     greedy = not source.do_sample
+    seeded = rollout_cfg.seed_per_request and not validate
     return SamplingParams(
         temperature=0.0 if greedy else float(source.temperature),
         top_p=1.0 if greedy else float(source.top_p),
         top_k=-1 if greedy else int(source.top_k),
         max_tokens=int(max_tokens), stop=list(STOP_STRINGS), n=1,
-        seed=rollout_cfg.get("seed") if rollout_cfg.get("seed_per_request", True) and not validate else None,
+        seed=rollout_cfg.seed if seeded else None,
         logprobs=True)

@@ -11,9 +11,9 @@ import uuid
 
 import numpy as np
 import torch
-from omegaconf import DictConfig
+from verl.algorithms.config import AlgorithmConfig
 
-from verl.trainer.ppo import core_algos
+from verl import algorithms
 
 # Per-row fields the generation manager may drop and the later stages still need.
 _CARRIED_FIELDS = ("uid", "data_source", "reward_model", "extra_info", "index", "ability")
@@ -45,7 +45,7 @@ def score(batch, reward_fn) -> dict:
     return result.get("reward_extra_info", {})
 
 
-def apply_rewards(batch, algorithm: DictConfig, kl_ctrl) -> dict:
+def apply_rewards(batch, algorithm: AlgorithmConfig, kl_ctrl) -> dict:
     """``token_level_rewards`` = scores, minus ``beta * KL(actor || ref)`` when ``use_kl_in_reward``.
 
     The in-reward KL placement is Search-R1's PPO default (Ouyang et al. 2022, eq. 2); the other
@@ -55,17 +55,17 @@ def apply_rewards(batch, algorithm: DictConfig, kl_ctrl) -> dict:
     if not algorithm.use_kl_in_reward:
         batch.batch["token_level_rewards"] = scores
         return {}
-    rewards, metrics = core_algos.apply_kl_penalty(
+    rewards, metrics = algorithms.apply_kl_penalty(
         scores, batch.batch["old_log_probs"], batch.batch["ref_log_probs"], batch.batch["response_mask"],
         kl_ctrl, kl_penalty=algorithm.kl_penalty)
     batch.batch["token_level_rewards"] = rewards
     return metrics
 
 
-def compute_advantage(batch, algorithm: DictConfig) -> None:
+def compute_advantage(batch, algorithm: AlgorithmConfig) -> None:
     """Fill ``advantages`` and ``returns`` (B, R) with the configured estimator (gae, grpo, ...);
     GRPO groups are the rows sharing a ``uid``."""
-    core_algos.compute_advantage(batch, algorithm.adv_estimator, gamma=algorithm.gamma, lam=algorithm.lam,
+    algorithms.compute_advantage(batch, algorithm.adv_estimator, gamma=algorithm.gamma, lam=algorithm.lam,
                                  norm_adv_by_std_in_grpo=algorithm.norm_adv_by_std_in_grpo)
 
 

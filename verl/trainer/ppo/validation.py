@@ -1,9 +1,12 @@
 """Validation: greedy multi-turn rollouts over the whole validation set, scored per data source.
 
-Reports ``val/test_score/<data_source>`` (the reward), ``val/test_em/<data_source>`` (exact match,
-when the reward manager reports it) and the search statistics (``val/env/*``); optionally
-writes one JSON line per sample (prompt, response, score, ground truth, turns) to
-``<validation_data_dir>/<global_step>.jsonl`` for inspection.
+One record per question (the row's data source, uid, question, gold answers, prompt, full
+trajectory, extracted answer, EM, reward, turns, searches, token counts) is collected batch after
+batch; every ``val/*`` figure is then a statistic over those records, so uneven batches (101 rows
+as 50 + 50 + 1) weigh each question once. Reports ``val/test_score/<data_source>`` (the reward),
+``val/test_em/<data_source>`` (exact match, when the reward manager reports it) and the search
+statistics ``val/env/*``; optionally writes the records as ``<validation_data_dir>/<global_step>.jsonl``,
+the per-question file that ``evaluate.sh`` (``verl.trainer.main_eval``) summarises.
 """
 
 from __future__ import annotations
@@ -13,65 +16,127 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
+from tqdm import tqdm
 
-from verl.trainer.ppo.metric_utils import compute_env_metrics, compute_validation_metrics, row_stat
+from verl.trainer.ppo.metric_utils import ENV_STATS, compute_validation_metrics, row_stat
+from verl.utils.reward_score.qa_em import extract_solution
+
+# Per-row integer statistics of the generation manager kept in each record.
+RECORD_STATS = (*ENV_STATS, "truncated")
+QUESTION_MARKER = "Question: "  # the last field of Search-R1's prompt template (search_r1.prompts)
 
 
 def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer,
-                   dump_dir: str | None = None, global_step: int = 0) -> dict[str, float]:
+                   dump_dir: str | None = None, global_step: int = 0, progress: bool = True) -> dict[str, float]:
     """Generate, score and summarise every validation batch.
 
     Args:
-        batches: DataProto prompt batches (file order).
+        batches: DataProto prompt batches (file order); a ``num_rows`` attribute sizes the progress bar.
         generate: prompt batch -> generated batch (the trainer's greedy multi-turn rollout).
         reward_fn: the validation reward manager (``return_dict=True`` call).
-        dump_dir: folder for ``<global_step>.jsonl``; None to skip.
+        dump_dir: folder for ``<global_step>.jsonl`` (one record per question); None to skip.
+        progress: show a progress bar over questions.
+    Returns:
+        ``val/*`` metrics, each a per-question statistic (:func:`validation_metrics`).
     """
-    sources, scores, ems, env, records = [], [], [], [], []
-    for batch in batches:
-        generated = generate(batch)
-        result = reward_fn(generated, return_dict=True)
-        row_scores = result["reward_tensor"].sum(-1).tolist()
-        ems += list(result.get("reward_extra_info", {}).get("em", []))
-        row_sources = [str(s) for s in generated.non_tensor_batch.get("data_source", ["unknown"] * len(generated))]
-        sources += row_sources
-        scores += row_scores
-        env.append(compute_env_metrics(generated))
-        if dump_dir:
-            records += _records(generated, row_scores, row_sources, tokenizer)
+    records = collect_records(batches, generate, reward_fn, tokenizer, progress)
     if dump_dir:
-        _dump(records, Path(dump_dir) / f"{global_step}.jsonl")
-    metrics = compute_validation_metrics(sources, scores, env)
-    if ems and len(ems) == len(scores):  # shaped rewards: report the exact match on its own too
-        metrics.update({key.replace("test_score", "test_em"): value for key, value in
-                        compute_validation_metrics(sources, ems, []).items()})
-    return metrics
+        write_records(records, Path(dump_dir) / f"{global_step}.jsonl")
+    return validation_metrics(records)
 
 
-def _records(batch, scores: list[float], sources: list[str], tokenizer) -> list[dict]:
+def collect_records(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer,
+                    progress: bool = True) -> list[dict]:
+    """One record per validation row, in input order (see :func:`batch_records`)."""
+    records: list[dict] = []
+    with tqdm(total=getattr(batches, "num_rows", None), desc="validation", unit="question",
+              disable=not progress, dynamic_ncols=True) as bar:
+        for batch in batches:
+            generated = generate(batch)
+            records += batch_records(generated, reward_fn(generated, return_dict=True), tokenizer)
+            bar.update(len(generated))
+    return records
+
+
+def validation_metrics(records: list[dict]) -> dict[str, float]:
+    """``val/*`` metrics of a list of records: means over questions, per source and over all."""
+    sources = [r["data_source"] for r in records]
+    ems = [r["em"] for r in records] if records and all("em" in r for r in records) else None
+    stats = {key: np.array([r[key] for r in records], dtype=float) if all(key in r for r in records) else None
+             for key in ENV_STATS}
+    return compute_validation_metrics(sources, [r["score"] for r in records], stats, ems)
+
+
+def batch_records(batch, result: dict, tokenizer) -> list[dict]:
+    """Per-row records of a generated, scored batch.
+
+    Args:
+        batch: the generation manager's output (``prompts`` (B, P), ``responses`` (B, R),
+            ``attention_mask`` (B, P + R), ``response_mask`` (B, R), per-row stats) with the prompt
+            rows' non-tensor fields.
+        result: the reward manager's ``{"reward_tensor": (B, R), "reward_extra_info": {...}}``.
+    Returns:
+        dicts with ``data_source, uid`` (the dataset's row id), ``question, gold, ground_truth, input, output`` (the decoded
+        trajectory: generated and retrieved text, special tokens skipped as the reward sees it),
+        ``answer`` (last ``<answer>`` or None), ``score``, ``em`` (when reported), the stats of
+        :data:`RECORD_STATS`, ``response_tokens`` (model-generated tokens) and ``response_length``
+        (all response tokens, observations included).
+    """
     tensors, fields = batch.batch, batch.non_tensor_batch
     width = tensors["responses"].shape[-1]
-    attention = tensors["attention_mask"]
+    attention = tensors["attention_mask"].bool()
+    scores = result["reward_tensor"].sum(-1).tolist()
+    ems = result.get("reward_extra_info", {}).get("em")
+    stats = {key: row_stat(batch, key) for key in RECORD_STATS}
+    generated_tokens = tensors["response_mask"].sum(-1).tolist()
     records = []
     for row in range(len(batch)):
-        prompt_ids = tensors["prompts"][row][attention[row, :-width].bool()]
-        response_ids = tensors["responses"][row][attention[row, -width:].bool()]
-        record = {"data_source": sources[row], "score": scores[row],
-                  "input": tokenizer.decode(prompt_ids.tolist()),
-                  "output": tokenizer.decode(response_ids.tolist())}
-        if "reward_model" in fields:
-            record["ground_truth"] = _jsonable(fields["reward_model"][row].get("ground_truth"))
-        for key in ("turns", "valid_search", "finished"):
-            values = row_stat(batch, key)
-            if values is not None:
-                record[key] = int(values[row])
+        prompt = tokenizer.decode(tensors["prompts"][row][attention[row, :-width]].tolist())
+        response_ids = tensors["responses"][row][attention[row, -width:]].tolist()
+        output = tokenizer.decode(response_ids, skip_special_tokens=True)
+        ground_truth = _jsonable(fields["reward_model"][row].get("ground_truth")) if "reward_model" in fields else None
+        record = {"data_source": str(fields["data_source"][row]) if "data_source" in fields else "unknown",
+                  "uid": _row_id(fields, row),
+                  "question": question_of(prompt), "gold": _answers(ground_truth), "ground_truth": ground_truth,
+                  "input": prompt, "output": output, "answer": extract_solution(output), "score": float(scores[row])}
+        if ems is not None and len(ems) == len(batch):
+            record["em"] = float(ems[row])
+        record.update({key: int(values[row]) for key, values in stats.items() if values is not None})
+        record["response_tokens"] = int(generated_tokens[row])
+        record["response_length"] = len(response_ids)
         records.append(record)
     return records
 
 
+def _row_id(fields: dict, row: int) -> str:
+    """The dataset's id of a row: ``extra_info.uid`` (the data scripts write one), else
+    ``<data_source>-<index>``; the batch's ``uid`` column is a per-rollout group id, not this."""
+    extra = fields["extra_info"][row] if "extra_info" in fields else None
+    if isinstance(extra, dict) and extra.get("uid") is not None:
+        return str(extra["uid"])
+    index = fields["index"][row] if "index" in fields else row
+    return f"{fields['data_source'][row]}-{index}" if "data_source" in fields else str(index)
+
+
+def question_of(prompt: str) -> str:
+    """The question of a Search-R1 prompt (the text after the last ``Question: `` up to its line
+    end), or the whole prompt when it has no such marker."""
+    if QUESTION_MARKER not in prompt:
+        return prompt.strip()
+    return prompt.rsplit(QUESTION_MARKER, 1)[1].split("\n", 1)[0].strip()
+
+
+def _answers(ground_truth) -> list[str]:
+    if isinstance(ground_truth, dict):
+        ground_truth = ground_truth.get("target", [])
+    if isinstance(ground_truth, str):
+        return [ground_truth]
+    return [str(a) for a in ground_truth] if isinstance(ground_truth, list) else []
+
+
 def _jsonable(value):
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return [_jsonable(v) for v in value.tolist()]
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, dict):
@@ -81,8 +146,15 @@ def _jsonable(value):
     return value
 
 
-def _dump(records: list[dict], path: Path) -> None:
+def write_records(records: list[dict], path: Path) -> None:
+    """One JSON line per record (UTF-8, non-ASCII kept)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+
+
+def read_records(path: str | Path) -> list[dict]:
+    """The records of a file written by :func:`write_records`."""
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]

@@ -10,56 +10,45 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig
-
-from verl.trainer.ppo.config_check import data_parallel_size, needs_critic
+from verl.trainer.ppo.config import PPOConfig
 from verl.trainer.ppo.ray_trainer import WorkerHandles
+from verl.trainer.ppo.run_plan import RunPlan
 
 
-def needs_reference(cfg: DictConfig) -> bool:
-    """A reference policy is needed when KL enters the reward or the actor loss."""
-    return bool(cfg.algorithm.use_kl_in_reward or cfg.actor_rollout_ref.actor.use_kl_loss)
-
-
-def padded_call(group, method: str, batch):
-    """Call a DP_COMPUTE_PROTO method with rows padded to a multiple of the group's world size."""
-    from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
-
-    padded, pad_size = pad_dataproto_to_divisor(batch, group.world_size)
-    output = getattr(group, method)(padded)
-    return unpad_dataproto(output, pad_size) if output is not None and len(output) else output
-
-
-def _role_specs(cfg: DictConfig) -> dict[str, Any]:
+def _role_specs(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = False) -> dict[str, Any]:
     from verl.single_controller.base.host import ClassWithInitArgs
     from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
-    actor_role = "actor_rollout_ref" if needs_reference(cfg) else "actor_rollout"
+    run = plan.worker_run(cfg)
+    if rollout_only:  # evaluation: the engine alone (no FSDP actor, optimizer, reference or critic)
+        return {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
+                                                   role="rollout", run=run)}
+    actor_role = "actor_rollout_ref" if plan.needs_reference else "actor_rollout"
     roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
-                                                role=actor_role)}
-    if needs_critic(cfg):
-        roles["critic"] = ClassWithInitArgs(CriticWorker, config=cfg.critic)
+                                                role=actor_role, run=run)}
+    if plan.needs_critic:
+        roles["critic"] = ClassWithInitArgs(CriticWorker, config=cfg.critic, run=run)
     return roles
 
 
-def _start_group(cfg: DictConfig, bundle):
+def _start_group(cfg: PPOConfig, plan: RunPlan, bundle):
     if cfg.trainer.backend == "local":
         from verl.single_controller.local import LocalWorkerGroup
 
-        if data_parallel_size(cfg) != 1:
+        if plan.data_parallel_size != 1:
             raise ValueError(f"trainer.backend=local runs one rank; set trainer.nnodes=1 and "
-                             f"trainer.n_gpus_per_node=1 (got {data_parallel_size(cfg)} ranks)")
+                             f"trainer.n_gpus_per_node=1 (got {plan.data_parallel_size} ranks)")
         return LocalWorkerGroup(bundle)
     from verl.single_controller.ray import RayResourcePool, RayWorkerGroup
     from verl.single_controller.ray.init import init_ray
 
     init_ray(env_vars=worker_env_vars(cfg, use_gpu=_use_gpu()))
-    pool = RayResourcePool(process_on_nodes=[int(cfg.trainer.n_gpus_per_node)] * int(cfg.trainer.nnodes),
+    pool = RayResourcePool(process_on_nodes=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
                            use_gpu=_use_gpu())
     return RayWorkerGroup(pool, bundle)
 
 
-def worker_env_vars(cfg: DictConfig, use_gpu: bool) -> dict[str, str]:
+def worker_env_vars(cfg: PPOConfig, use_gpu: bool) -> dict[str, str]:
     """Environment of the Ray worker processes from ``trainer.worker_env_vars``.
 
     ``null`` (the default): on a CPU-only machine, the glibc malloc settings of
@@ -69,7 +58,7 @@ def worker_env_vars(cfg: DictConfig, use_gpu: bool) -> dict[str, str]:
     """
     from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
 
-    configured = cfg.trainer.get("worker_env_vars", None)
+    configured = cfg.trainer.worker_env_vars
     if configured is None:
         return {} if use_gpu else dict(CPU_MALLOC_ENV_VARS)
     return {str(k): str(v) for k, v in configured.items()}
@@ -81,12 +70,15 @@ def _use_gpu() -> bool:
     return torch.cuda.is_available()
 
 
-def build_worker_groups(cfg: DictConfig) -> WorkerHandles:
-    """Start and initialise the worker groups (critic first, so the actor's engine gets what is left)."""
+def build_worker_groups(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = False) -> WorkerHandles:
+    """Start and initialise the worker groups (critic first, so the actor's engine gets what is left).
+
+    ``rollout_only`` (evaluation) starts only the rollout engines, one per rank, as ``actor_rollout``.
+    """
     from verl.single_controller.base.host import create_colocated_worker_cls
 
-    roles = _role_specs(cfg)
-    group = _start_group(cfg, create_colocated_worker_cls(roles))
+    roles = _role_specs(cfg, plan, rollout_only)
+    group = _start_group(cfg, plan, create_colocated_worker_cls(roles))
     groups = group.spawn(prefix_set=list(roles))
     critic = groups.get("critic")
     if critic is not None:
@@ -102,5 +94,5 @@ def build_worker_groups(cfg: DictConfig) -> WorkerHandles:
 
             ray.shutdown()
 
-    return WorkerHandles(actor_rollout=actor_rollout, ref=actor_rollout if needs_reference(cfg) else None,
-                         critic=critic, call=padded_call, shutdown=shutdown)
+    ref = actor_rollout if plan.needs_reference and not rollout_only else None
+    return WorkerHandles(actor_rollout=actor_rollout, ref=ref, critic=critic, shutdown=shutdown)

@@ -1,7 +1,8 @@
-"""The RL prompt dataset: parquet rows -> chat-templated, left-padded prompt tensors + raw fields.
+"""The RL prompt dataset: parquet or JSONL rows -> chat-templated, left-padded prompt tensors + raw fields.
 
-Rows follow Search-R1's schema (``scripts/data_process/qa_common.py``): ``prompt`` is a list of chat
-messages, ``reward_model.ground_truth.target`` the answers. Each item is
+Rows follow Search-R1's schema (``scripts/data_process/qa_common.py``, checked in ``rl_rows``):
+``prompt`` is a list of chat messages (or a string), ``reward_model.ground_truth`` the answers
+(``{"target": [...]}``, or a bare string / list, which is wrapped). Each item is
 
     input_ids, attention_mask, position_ids : (P,) int64, left padded to ``max_prompt_length``
     raw_prompt_ids                          : list[int], the unpadded prompt (engines take these)
@@ -20,6 +21,8 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 import torch
+
+from verl.utils.dataset.rl_rows import check_extra_info, check_reward_model, read_rows
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +52,7 @@ def read_parquet_rows(path: str | Path, required: Sequence[str]) -> list[dict]:
         FileNotFoundError: the file does not exist.
         ValueError: a required column is missing (names the file and the key).
     """
-    import pyarrow.parquet as pq
-
-    path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"data file not found: {path}")
-    table = pq.read_table(path)
-    for key in required:
-        if key not in table.column_names:
-            raise ValueError(f"{path}: no column {key!r} (columns: {table.column_names})")
-    return table.to_pylist()
+    return [row for _, _, row in read_rows(path, required)]
 
 
 def as_messages(prompt: Any, where: str) -> list[dict]:
@@ -100,18 +94,20 @@ def row_uid(row: dict, fallback: str) -> str:
 
 
 class RLHFDataset(torch.utils.data.Dataset):
-    """Prompts of one or more parquet files, tokenized once at construction.
+    """Prompts of one or more parquet / JSONL files, tokenized once at construction.
 
     Args:
-        parquet_files: a path or a list of paths (rows are concatenated in order).
+        parquet_files: a path or a list of paths, ``.parquet`` or ``.jsonl`` (rows are concatenated
+            in order).
         tokenizer: a Hugging Face tokenizer; its ``pad_token`` is set to ``eos_token`` if missing.
         config: optional mapping (the whole config or its ``data`` section) with keys
             ``prompt_key``, ``max_prompt_length``, ``filter_overlong_prompts``, ``return_raw_chat``,
             ``truncation`` (only ``"error"``).
         **overrides: the same keys as keyword arguments (win over ``config``).
     Raises:
-        FileNotFoundError / ValueError: missing file or column, malformed prompt, an overlong
-            prompt with filtering off (names file, row and uid), or no prompt left.
+        FileNotFoundError / ValueError: missing file or column, malformed row, prompt or
+            ``reward_model`` (names file, row or line, and field), an overlong prompt with filtering
+            off (names file, row and uid), or no prompt left.
     """
 
     def __init__(self, parquet_files, tokenizer, config: Mapping | None = None, *,
@@ -138,11 +134,12 @@ class RLHFDataset(torch.utils.data.Dataset):
 
     def _load(self, path) -> None:
         key, limit = self.settings["prompt_key"], int(self.settings["max_prompt_length"])
-        overlong = []
-        rows = read_parquet_rows(path, [key])
-        for position, row in enumerate(rows):
-            where = f"{path} row {position}"
+        overlong, num_rows = [], 0
+        for where, position, row in read_rows(path, [key, "reward_model"]):
+            num_rows += 1
             messages = as_messages(row[key], where)
+            row["reward_model"] = check_reward_model(row["reward_model"], where)
+            row["extra_info"] = check_extra_info(row.get("extra_info"), where)
             ids = self.tokenizer(render_prompt(self.tokenizer, messages),
                                  add_special_tokens=False)["input_ids"]
             uid = row_uid(row, f"{Path(path).stem}-{position}")
@@ -157,7 +154,7 @@ class RLHFDataset(torch.utils.data.Dataset):
             self.prompt_ids.append(np.asarray(ids, dtype=np.int64))
         if overlong:
             logger.warning("%s: filtered %d of %d prompts longer than %d tokens (first uids: %s)",
-                           path, len(overlong), len(rows), limit, overlong[:MAX_REPORTED_ROWS])
+                           path, len(overlong), num_rows, limit, overlong[:MAX_REPORTED_ROWS])
         self.num_filtered += len(overlong)
 
     def __len__(self) -> int:
@@ -166,7 +163,7 @@ class RLHFDataset(torch.utils.data.Dataset):
     def __getitem__(self, item: int) -> dict:
         row, ids = self.rows[item], self.prompt_ids[item].tolist()
         out = left_pad(ids, int(self.settings["max_prompt_length"]), self.tokenizer.pad_token_id)
-        extra = row.get("extra_info") or {}
+        extra = row["extra_info"]
         out.update({
             "raw_prompt_ids": ids,
             "data_source": row.get("data_source"),

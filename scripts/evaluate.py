@@ -1,0 +1,105 @@
+"""What ``evaluate.sh`` runs: evaluation data, an optional local retriever, then ``main_eval``.
+
+    python scripts/evaluate.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
+                               [--retriever-url URL] [--start-retriever] [--max_per_source N]
+                               [--output_dir DIR] [key=value ...]
+    python scripts/evaluate.py --compare A.json B.json
+
+1. with ``--qa-dir``, writes ``<data-dir>/test.parquet`` from the QA jsonl files when it is missing
+   (the seven sources' test sets, ``scripts/data_process/qa_search_test_merge.py``);
+2. with ``--start-retriever``, starts a BM25 server over ``--corpus`` at ``--retriever-url`` when
+   none answers there, and stops it at the end (as the training scripts do); otherwise the
+   retriever must already answer (``main_eval`` says so in one line);
+3. runs ``python -m verl.trainer.main_eval`` with ``data.val_files``, ``retriever.url``, the options
+   above as ``evaluation.*`` keys, and the remaining ``key=value`` overrides (which win).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "scripts"))
+
+import quickstart  # noqa: E402  (the training scripts' retriever start-up)
+
+
+def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", nargs=2, metavar=("A.json", "B.json"),
+                        help="compare two evaluation.json files and exit")
+    parser.add_argument("--data-dir", default="data/example_search", help="folder holding test.parquet")
+    parser.add_argument("--qa-dir", default=None, help="build test.parquet from this QA jsonl folder when missing")
+    parser.add_argument("--corpus", default="example/corpus.jsonl", help="corpus of a started retriever")
+    parser.add_argument("--index-dir", default=None, help="default: <data-dir>/<corpus name>.bm25")
+    parser.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve")
+    parser.add_argument("--start-retriever", action="store_true",
+                        help="start a local BM25 server over --corpus when none answers at --retriever-url")
+    parser.add_argument("--max_per_source", "--max-per-source", type=int, default=None,
+                        help="evaluate the first N questions of each data source")
+    parser.add_argument("--output_dir", "--output-dir", default=None, help="default: see evaluation.output_dir")
+    args, overrides = parser.parse_known_args(argv)
+    unknown = [o for o in overrides if o.startswith("--")]
+    if unknown:
+        parser.error(f"unknown option(s) {unknown}; Hydra overrides are written key=value")
+    return args, overrides
+
+
+def ensure_test_data(data_dir: Path, qa_dir: str | None) -> Path:
+    """``<data_dir>/test.parquet``, built from ``qa_dir`` when missing and a QA folder is given."""
+    path = data_dir / "test.parquet"
+    if not path.exists() and qa_dir:
+        quickstart.run([sys.executable, "scripts/data_process/qa_search_test_merge.py", "--local_dir", str(data_dir),
+                        "--input_dir", str(REPO / qa_dir)])
+    return path
+
+
+def precheck(overrides: list[str]) -> None:
+    """The model and data checks of ``main_eval`` (the last value of each key wins, as in Hydra).
+
+    Raises:
+        ValueError: as :func:`verl.trainer.evaluation.inputs.resolve_model` / ``check_parquet``.
+    """
+    from verl.trainer.evaluation import inputs
+
+    values = dict(o.lstrip("+~").split("=", 1) for o in overrides if "=" in o)
+    if "actor_rollout_ref.model.path" in values:
+        inputs.resolve_model(values["actor_rollout_ref.model.path"])
+    if "data.val_files" in values and not values["data.val_files"].startswith("["):
+        inputs.check_parquet(values["data.val_files"], values.get("data.prompt_key", "prompt"))
+
+
+def main(argv=None) -> int:
+    args, overrides = parse_args(argv)
+    if args.compare:
+        from verl.trainer.evaluation.compare import main as compare
+
+        return compare(list(args.compare))
+    data_dir = (REPO / args.data_dir).resolve()
+    defaults = [f"data.val_files={ensure_test_data(data_dir, args.qa_dir)}", f"retriever.url={args.retriever_url}"]
+    if args.max_per_source is not None:
+        defaults.append(f"evaluation.max_per_source={args.max_per_source}")
+    if args.output_dir:
+        defaults.append(f"evaluation.output_dir={Path(args.output_dir).resolve()}")
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
+    if args.start_retriever:  # fail on a bad model or data file before starting a server
+        try:
+            precheck(defaults + overrides)
+        except ValueError as error:
+            print(f"error: {error}", file=sys.stderr)
+            return 2
+    retriever = argparse.Namespace(no_retriever=not args.start_retriever, retriever_url=args.retriever_url,
+                                   corpus=args.corpus, index_dir=args.index_dir, data_dir=str(data_dir))
+    with quickstart.local_retriever(retriever):
+        cmd = [sys.executable, "-m", "verl.trainer.main_eval", *defaults, *overrides]
+        print("+ " + shlex.join(cmd), flush=True)
+        return subprocess.run(cmd, cwd=REPO).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

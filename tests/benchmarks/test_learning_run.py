@@ -1,0 +1,78 @@
+"""The learning-run wrapper (benchmarks/learning_run.py): its recipes pass the start-up check, and on CPU
+a PPO run goes evaluate -> train -> stop -> resume -> evaluate through the user entry points."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SHARED = Path(os.environ.get("SEARCH_R1_SHARED_DATA", ROOT.parent / "shared" / "data"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import learning_run  # noqa: E402
+
+from verl.trainer.main_ppo import parse_config  # noqa: E402
+from verl.trainer.ppo.run_plan import make_run_plan  # noqa: E402
+
+
+@pytest.mark.parametrize("profile", ["gpu", "cpu"])
+@pytest.mark.parametrize("algo", ["grpo", "gae"])
+def test_recipes_pass_the_start_up_check(algo, profile, tmp_path):
+    """The overrides the wrapper gives train_*.sh and evaluate.sh are valid keys and batch sizes
+    (the train scripts' algorithm keys included), so no device call is lost to a typo."""
+    args = learning_run.parse_args(["--algo", algo, "--profile", profile, "--work_dir", str(tmp_path)])
+    run = learning_run.Run(tmp_path, algo)
+    algorithm = {"grpo": ["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
+                          "actor_rollout_ref.actor.use_kl_loss=true"],
+                 "gae": ["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true"]}[algo]
+    cfg = parse_config([*algorithm, "trainer.n_gpus_per_node=1", *learning_run.train_overrides(args, run)])
+    assert cfg.trainer.total_training_steps == 150 and cfg.trainer.save_freq == 10
+    assert cfg.trainer.log_dir == str(run.logs) and cfg.reward_model.structure_format_score == 0.2
+    evaluation = parse_config([*learning_run.rollout_overrides(args), *learning_run.EVAL[profile]])
+    for section, key in (("data", "max_response_length"), ("data", "max_obs_length")):
+        assert getattr(getattr(evaluation, section), key) == getattr(getattr(cfg, section), key), key
+    assert evaluation.max_turns == cfg.max_turns  # evaluation sees the training's rollout
+    assert make_run_plan(evaluation, 1).engine_max_model_len == make_run_plan(cfg, 1).engine_max_model_len
+
+
+def test_eval_steps_must_be_checkpoints():
+    with pytest.raises(SystemExit):
+        learning_run.parse_args(["--eval_steps", "0,15", "--save_freq", "10"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / "qa").is_dir(), reason=f"shared data not found at {SHARED}")
+def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, capfd):
+    import learning_data
+
+    learning_data.build(SHARED, tmp_path / "data", seed=19)
+    argv = ["--algo", "gae", "--steps", "2", "--eval_steps", "0,2", "--save_freq", "1", "--profile", "cpu",
+            "--model", tiny_qwen_path, "--eval_max_per_source", "1", "--work_dir", str(tmp_path / "work"),
+            "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data"), "--budget_s", "1500",
+            "--min_train_s", "0", "--retriever", "bm25"]
+    assert learning_run.main([*argv, "--max_new_steps", "1"]) == 3  # stopped after one checkpointed step
+    run = learning_run.Run(tmp_path / "work", "gae")
+    assert run.latest_step() == 1 and run.evaluation(0).exists() and not run.evaluation(2).exists()
+    first = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
+    assert first["algorithm"] == "gae" and first["steps"] == 1 and list(first["evaluations"]) == ["0"]
+
+    capfd.readouterr()
+    assert learning_run.main(argv) == 0
+    assert "resumed from" in capfd.readouterr().out
+    result = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
+    assert result["steps"] == 2 and sorted(result["evaluations"]) == ["0", "2"]
+    table = result["evaluations"]["2"]["table"]
+    assert len(table["sources"]) == 7 and table["pooled"]["count"] == 7
+    assert "2_vs_0" in result["comparisons"] and result["comparisons"]["2_vs_0"]["sources"]["nq"]["paired"]
+    assert [row["step"] for row in result["curves"]] == [1, 2] and "critic/score/mean" in result["curves"][0]
+    assert "update_critic" in result["step_time_s"] and len(result["calls"]) == 2
+    assert result["calls"][1]["steps"] == [1, 2] and "train_ppo.sh" in result["train_command"]
+    assert not run.export(1).parent.exists() and run.export(2).exists()  # pruned: only the latest stays
+    assert (tmp_path / "out" / "learning_gae.png").stat().st_size > 0
+    text = learning_run.report([str(tmp_path / "out" / "learning_gae.json")])
+    assert "Step 2:" in text and "| **average** |" in text

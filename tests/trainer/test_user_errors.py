@@ -1,0 +1,110 @@
+"""A user's mistakes get one line that names the culprit and what to do, not a traceback.
+
+Bad model paths (infer.py, the trainer), a retriever that does not answer (infer.py), and an
+interpreter without the project's packages (the shell entry points, e.g. ``.venv`` not active).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from verl.utils.model_path import check_model_path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(cmd: list[str], env_overrides: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           **(env_overrides or {})}
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, (result.returncode, result.stdout[-2000:], result.stderr[-2000:])
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_infer_names_a_missing_model_folder(tmp_path):
+    missing = tmp_path / "no_such_model"
+    line = _one_error_line(_run([sys.executable, "infer.py", "--model", str(missing), "--question", "x"]))
+    assert f"--model={missing}: no such folder" in line and "huggingface" in line
+
+
+def test_infer_names_a_folder_that_holds_no_model(tmp_path):
+    line = _one_error_line(_run([sys.executable, "infer.py", "--model", str(tmp_path), "--question", "x"]))
+    assert f"--model={tmp_path}: this folder has no config.json" in line
+
+
+def test_infer_names_an_unreachable_retriever(tiny_qwen_path):
+    from search_r1.search.launcher import free_port
+
+    url = f"http://127.0.0.1:{free_port()}/retrieve"  # nothing listens there
+    line = _one_error_line(_run([sys.executable, "infer.py", "--model", tiny_qwen_path, "--retriever_url", url,
+                                 "--question", "x", "--engine", "hf"]))
+    assert f"--retriever_url {url}: no retriever answers" in line
+    assert "retrieval_launch.sh" in line and "--no_search" in line
+
+
+def test_trainer_names_a_missing_model_path():
+    line = _one_error_line(_run([sys.executable, "-m", "verl.trainer.main_ppo",
+                                 "actor_rollout_ref.model.path=/nonexistent/model"]))
+    assert line.startswith("error: actor_rollout_ref.model.path=/nonexistent/model: no such folder")
+
+
+def test_trainer_names_a_missing_data_file(tiny_qwen_path, tmp_path):
+    missing = tmp_path / "train.parquet"
+    line = _one_error_line(_run([sys.executable, "-m", "verl.trainer.main_ppo",
+                                 f"actor_rollout_ref.model.path={tiny_qwen_path}", f"data.train_files={missing}"]))
+    assert line.startswith(f"error: data.train_files={missing}: no such file")
+
+
+def test_check_model_path_cases(tmp_path, monkeypatch):
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / "model.Q4.gguf").write_bytes(b"")
+    check_model_path(str(tmp_path / "gguf"), "model.path")  # a GGUF folder (read with gguf_file)
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    check_model_path(str(tmp_path / "hf"), "model.path")
+    with pytest.raises(ValueError, match="model.path is empty"):
+        check_model_path("", "model.path")
+    with pytest.raises(ValueError, match="is a file"):
+        check_model_path(str(tmp_path / "hf" / "config.json"), "model.path")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty_cache"))
+    with pytest.raises(ValueError, match="no-such-owner/no-such-model: no such folder, and no hub model"):
+        check_model_path("no-such-owner/no-such-model", "model.path")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    check_model_path("no-such-owner/no-such-model", "model.path")  # online: the hub decides
+
+
+@pytest.fixture
+def bare_python(tmp_path) -> str:
+    """An interpreter that sees no site-packages: a Python without the project's environment."""
+    path = tmp_path / "bare_python"
+    path.write_text(f'#!/bin/sh\nexec "{sys.executable}" -I -S "$@"\n')
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.mark.parametrize("script", ["train_ppo.sh", "train_grpo.sh"])
+def test_train_scripts_name_an_inactive_environment(script, bare_python):
+    line = _one_error_line(_run(["bash", script], {"PYTHON": bare_python, "N_GPUS": "0"}))
+    assert line.startswith(f"{script}: {bare_python} cannot import torch, transformers")
+    assert ". .venv/bin/activate" in line and "fastapi" in line
+    line = _one_error_line(_run(["bash", script], {"PYTHON": "/nonexistent/python", "N_GPUS": "0"}))
+    assert line.startswith(f"{script}: no '/nonexistent/python' on PATH")
+
+
+def test_retrieval_launch_names_an_inactive_environment(bare_python):
+    line = _one_error_line(_run(["bash", "retrieval_launch.sh"], {"PYTHON": bare_python, "RETRIEVER": "bm25"}))
+    assert line.startswith(f"retrieval_launch.sh: {bare_python} cannot import fastapi, uvicorn")
+    assert "bm25s" in line and ". .venv/bin/activate" in line

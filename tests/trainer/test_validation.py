@@ -1,0 +1,100 @@
+"""Validation figures are per-question statistics, whatever the batching (issue 17, item 6).
+
+The real pieces of the trainer's validation path: Search-R1 parquet rows through ``RLHFDataset`` and
+``InOrderBatches``, the real generation manager (a scripted engine writes the turns), the real EM
+reward manager and the Qwen tokenizer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+from search_r1.prompts import make_prefix
+from tests.rollout.scripted import ScriptedEngine
+from verl.trainer.ppo import stages
+from verl.trainer.ppo.data_loading import iterate_in_order
+from verl.trainer.ppo.validation import question_of, read_records, run_validation
+from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+from verl.workers.reward_manager import RewardManager
+from verl.workers.rollout.base import SamplingParams
+
+NUM_ROWS = 101
+FINISHED_ROW = 7  # the only row that answers (correctly); it falls in the first batch of 50
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from transformers import AutoTokenizer
+
+    from verl.utils.model_zoo import qwen_tokenizer_dir
+
+    tok = AutoTokenizer.from_pretrained(qwen_tokenizer_dir())
+    tok.pad_token = tok.pad_token or tok.eos_token
+    return tok
+
+
+@pytest.fixture(scope="module")
+def dataset(tokenizer, tmp_path_factory):
+    rows = [{"data_source": "nq" if i % 2 else "hotpotqa",
+             "prompt": [{"role": "user", "content": make_prefix(f"what is the number {i}")}],
+             "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": {"target": [str(i)]}},
+             "extra_info": {"split": "test", "index": i, "uid": f"q-{i}"}} for i in range(NUM_ROWS)]
+    path = tmp_path_factory.mktemp("val") / "test.parquet"
+    pd.DataFrame(rows).to_parquet(path)
+    return RLHFDataset(str(path), tokenizer, max_prompt_length=512)
+
+
+def _validate(dataset, tokenizer, batch_size: int, dump_dir=None) -> dict:
+    prompts = [dataset[i]["raw_prompt_ids"] for i in range(len(dataset))]
+    scripts = [[f"<answer> {i} </answer>"] if i == FINISHED_ROW else ["<search> number </search>", "<search> a number </search>"]
+               for i in range(len(dataset))]
+    engine = ScriptedEngine(tokenizer, prompts, scripts)
+    config = GenerationConfig(max_turns=1, max_start_length=512, max_prompt_length=1024,
+                              max_response_length=256, max_obs_length=64, do_search=False)
+    manager = LLMGenerationManager(tokenizer, engine, config)
+    params = SamplingParams(temperature=0.0, max_tokens=32)
+
+    def generate(batch):  # what RayPPOTrainer.validate passes
+        batch = stages.expand_groups(batch, 1)
+        return stages.carry_row_fields(batch, manager.run_llm_loop(batch, params))
+
+    batches = iterate_in_order(dataset, collate_fn, batch_size)
+    return run_validation(batches, generate, RewardManager(tokenizer), tokenizer, dump_dir=dump_dir,
+                          global_step=3, progress=False)
+
+
+def test_uneven_batches_weigh_every_question_once(dataset, tokenizer, tmp_path):
+    """101 rows in batches of 50/50/1: a mean of batch means would give finish_ratio 1/150; the
+    per-question value is 1/101, the same as with one batch of 101."""
+    uneven = _validate(dataset, tokenizer, batch_size=50, dump_dir=tmp_path)
+    whole = _validate(dataset, tokenizer, batch_size=NUM_ROWS)
+    assert uneven["val/env/finish_ratio"] == pytest.approx(1 / NUM_ROWS)
+    assert uneven["val/test_em/all"] == pytest.approx(1 / NUM_ROWS)
+    assert uneven["val/test_em/nq"] == pytest.approx(1 / 50)  # row 7 is odd: nq holds rows 1, 3, ..., 99
+    assert uneven["val/test_em/hotpotqa"] == 0.0
+    # turns: the answering row takes 1, the others 2 (a search, then a search on the last turn)
+    assert uneven["val/env/number_of_actions/mean"] == pytest.approx((1 + 2 * 100) / NUM_ROWS)
+    assert uneven["val/env/number_of_valid_search"] == pytest.approx(2 * 100 / NUM_ROWS)
+    assert uneven == pytest.approx(whole)
+
+    records = read_records(tmp_path / "3.jsonl")
+    assert len(records) == NUM_ROWS
+    answered = records[FINISHED_ROW]
+    assert answered["question"] == f"what is the number {FINISHED_ROW}?"
+    assert answered["gold"] == [str(FINISHED_ROW)] and answered["answer"] == str(FINISHED_ROW)
+    assert answered["em"] == 1.0 and answered["finished"] == 1 and answered["uid"] == f"q-{FINISHED_ROW}"
+    assert answered["response_tokens"] == answered["response_length"] > 0
+    other = records[0]
+    assert other["answer"] is None and other["em"] == 0.0 and other["finished"] == 0
+    assert other["valid_search"] == 2 and other["turns"] == 2
+    assert other["response_length"] > other["response_tokens"]  # the observation is not generated
+    assert np.mean([r["finished"] for r in records]) == pytest.approx(uneven["val/env/finish_ratio"])
+
+
+def test_question_of_reads_the_template_field():
+    text = "<|im_start|>user\n" + make_prefix("who wrote hamlet") + "<|im_end|>\n<|im_start|>assistant\n"
+    assert question_of(text) == "who wrote hamlet?"
+    assert question_of("a prompt without the marker ") == "a prompt without the marker"

@@ -1,0 +1,162 @@
+"""Entry point of evaluation: ``python -m verl.trainer.main_eval key=value ...`` (``bash evaluate.sh``).
+
+Greedy (``rollout.val_kwargs``), multi-turn, with search, through the trainer's own validation
+(``RayPPOTrainer.validate`` -> :mod:`verl.trainer.ppo.validation`): the same generation manager,
+prompt and reward as training, on rollout-only workers (no FSDP actor, optimizer, reference or
+critic). It evaluates ``actor_rollout_ref.model.path`` (a checkpoint's ``huggingface/`` export, its
+``global_step_N`` folder, or a hub id) on ``data.val_files`` and writes to ``evaluation.output_dir``:
+
+    questions.jsonl   one record per question: question, gold, full trajectory, extracted answer, EM, ...
+    evaluation.json   the per-source table (EM and its 95% bootstrap interval, format score when the
+                      format reward is on, count, searches and response tokens per question), the
+                      Search-R1 Table-2 average (mean of per-source EMs), settings, commit, command
+    evaluation.md     the same table in Markdown (also printed)
+
+Inputs are checked first (model, parquet columns, retriever), each failing with one line.
+``trainer.val_only=true`` through ``main_ppo`` (Search-R1's ``evaluate.sh``) still works and
+reports the same ``val/*`` metrics without the table.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from dataclasses import asdict
+from typing import Sequence
+
+from verl.trainer.evaluation import inputs, report
+from verl.trainer.ppo.config import PPOConfig
+from verl.utils.config import replace_key
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def prepare(cfg: PPOConfig) -> tuple[PPOConfig, list[str]]:
+    """Check the inputs; return the config with the resolved model path, the per-source selection
+    as ``data.val_files`` and the output folder, plus the evaluation files as given.
+
+    Raises:
+        ValueError: a missing model, data without the expected columns, or no retriever answering
+            at ``retriever.url`` (with ``do_search``).
+    """
+    files = [cfg.data.val_files] if isinstance(cfg.data.val_files, str) else list(cfg.data.val_files)
+    model = inputs.resolve_model(str(cfg.actor_rollout_ref.model.path))
+    for file in files:
+        inputs.check_parquet(file, cfg.data.prompt_key)
+    if cfg.do_search:
+        inputs.check_retriever(cfg.retriever.url)
+    out_dir = cfg.evaluation.output_dir
+    if out_dir is None:
+        out_dir = inputs.default_output_dir(model, files)
+        if cfg.evaluation.max_per_source is not None:
+            out_dir = out_dir.with_name(f"{out_dir.name}-first{cfg.evaluation.max_per_source}")
+    out_dir = Path(out_dir).resolve()
+    selected = inputs.select_per_source(files, cfg.evaluation.max_per_source, out_dir / "questions.parquet")
+    for key, value in {"actor_rollout_ref.model.path": model, "data.val_files": selected,
+                       "evaluation.output_dir": str(out_dir), "trainer.validation_data_dir": str(out_dir),
+                       "actor_rollout_ref.rollout.n": 1, "actor_rollout_ref.rollout.n_agent": 1}.items():
+        cfg = replace_key(cfg, key, value)
+    return cfg, files
+
+
+def build_evaluator(cfg: PPOConfig):
+    """A ``RayPPOTrainer`` that can only validate: rollout workers, the validation data and reward."""
+    from verl.trainer.ppo.data_loading import iterate_in_order
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.rollout_adapter import WorkerGroupEngine
+    from verl.trainer.ppo.run_plan import make_run_plan
+    from verl.trainer.ppo.trainer_setup import (build_dataset, build_generation_manager, build_reward_fn,
+                                                load_tokenizer, seed_everything)
+    from verl.trainer.ppo.worker_setup import build_worker_groups
+    from verl.utils.dataset.rl_dataset import collate_fn
+    from verl.utils.tracking import Tracking
+
+    seed_everything(cfg.trainer.seed)
+    tokenizer = load_tokenizer(cfg)
+    val_set = build_dataset(cfg.data.val_files, tokenizer, cfg, cfg.data.val_data_num)
+    plan = make_run_plan(cfg, batches_per_epoch=0)
+    workers = build_worker_groups(cfg, plan, rollout_only=True)
+    engine = WorkerGroupEngine(workers.actor_rollout, world_size=plan.data_parallel_size)
+    val_batch_size = cfg.data.val_batch_size
+    trainer = RayPPOTrainer(
+        cfg, plan, tokenizer, workers, train_loader=None,
+        val_batches=lambda: iterate_in_order(val_set, collate_fn, val_batch_size),
+        generation_manager=build_generation_manager(cfg, tokenizer, engine, plan), reward_fn=None,
+        val_reward_fn=build_reward_fn(cfg, tokenizer, 0), kl_ctrl=None,
+        tracker=Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, [], cfg.evaluation.output_dir))
+    trainer.global_step = inputs.checkpoint_step(cfg.actor_rollout_ref.model.path)
+    return trainer
+
+
+def run_eval(cfg: PPOConfig, data_files: list[str]) -> dict:
+    """Evaluate a prepared config (:func:`prepare`; ``data_files`` as given); write and print the
+    table. Returns the JSON."""
+    trainer = build_evaluator(cfg)
+    try:
+        metrics = trainer.validate()
+    finally:
+        trainer.shutdown()
+    out_dir = Path(cfg.evaluation.output_dir)
+    questions = out_dir / "questions.jsonl"
+    (out_dir / f"{trainer.global_step}.jsonl").replace(questions)
+    from verl.trainer.ppo.validation import read_records
+
+    rm = cfg.reward_model
+    format_reward = rm.style == "format" or bool(rm.structure_format_score or rm.final_format_score
+                                                 or rm.retrieval_score)
+    table = report.summarise(read_records(questions), format_reward, cfg.evaluation.num_resamples)
+    result = {"model": cfg.actor_rollout_ref.model.path, "step": trainer.global_step,
+              "data": [str(Path(f).resolve()) for f in data_files], "max_per_source": cfg.evaluation.max_per_source,
+              "settings": settings(cfg), "metrics": metrics, "table": table, **provenance()}
+    (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
+    text = markdown(result)
+    (out_dir / "evaluation.md").write_text(text + "\n")
+    print(f"\n{text}\n\nwrote {out_dir / 'evaluation.md'}, {out_dir / 'evaluation.json'} and {questions}", flush=True)
+    return result
+
+
+def settings(cfg: PPOConfig) -> dict:
+    """What decides the numbers besides the model and the data."""
+    return {"max_turns": cfg.max_turns, "do_search": cfg.do_search, "retriever_url": cfg.retriever.url,
+            "topk": cfg.retriever.topk, "max_prompt_length": cfg.data.max_prompt_length,
+            "max_response_length": cfg.data.max_response_length, "max_obs_length": cfg.data.max_obs_length,
+            "rollout": cfg.actor_rollout_ref.rollout.name, "sampling": asdict(cfg.actor_rollout_ref.rollout.val_kwargs),
+            "reward_model": asdict(cfg.reward_model)}
+
+
+def provenance() -> dict:
+    """Date, commit and command of this evaluation."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return {"date": datetime.date.today().isoformat(), "commit": commit or None,
+            "command": " ".join([sys.executable, "-m", "verl.trainer.main_eval", *sys.argv[1:]])}
+
+
+def markdown(result: dict) -> str:
+    """Title lines (model, step, data, date, commit) and the table."""
+    head = [f"## Evaluation of `{result['model']}` (step {result['step']})", "",
+            f"Data: {', '.join(f'`{d}`' for d in result['data'])}; greedy, max_turns {result['settings']['max_turns']}, "
+            f"top-{result['settings']['topk']} passages from {result['settings']['retriever_url']}; "
+            f"{result['date']}, commit {str(result['commit'])[:10]}."]
+    if result["max_per_source"] is not None:
+        head[-1] += f" First {result['max_per_source']} questions of each source."
+    return "\n".join(head) + "\n\n" + report.to_markdown(result["table"])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from verl.trainer.main_ppo import parse_config
+
+    try:
+        cfg, data_files = prepare(parse_config(sys.argv[1:] if argv is None else argv))
+    except ValueError as error:  # ConfigError included
+        # The message names the culprit (key, file, URL); a traceback would only hide it.
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    run_eval(cfg, data_files)
+
+
+if __name__ == "__main__":
+    main()

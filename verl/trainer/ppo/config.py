@@ -1,0 +1,132 @@
+"""The PPO/GRPO trainer's configuration: Search-R1's key tree as typed dataclasses.
+
+``PPOConfig`` is the whole tree (``data``, ``actor_rollout_ref``, ``critic``, ``reward_model``,
+``retriever``, ``algorithm``, ``trainer``, ``max_turns``, ``do_search``); each section is the
+dataclass of the component it configures. ``verl/trainer/config/ppo_trainer.yaml`` and
+docs/configuration.md are generated from these classes (``python -m verl.trainer.ppo.config_docs``)
+and a test keeps them in step. :func:`load_config` turns a composed Hydra tree into a checked,
+immutable ``PPOConfig``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import DictConfig
+
+from search_r1.search.config import RetrieverConfig
+from verl.algorithms.config import AlgorithmConfig
+from verl.trainer.evaluation.config import EvaluationConfig
+from verl.utils.config import to_typed
+from verl.utils.dataset.config import DataConfig
+from verl.utils.host_memory import HostMemoryConfig
+from verl.workers.config import ActorRolloutRefConfig
+from verl.workers.critic.config import CriticConfig
+from verl.workers.reward_manager.config import RewardModelConfig
+
+BACKENDS = ("ray", "local")
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """The loop around the step: length, logging, checkpoints, devices (``trainer``)."""
+
+    backend: str = "ray"
+    """`ray` (workers as Ray actors; multi-GPU/multi-node) or `local` (one rank in the controller)"""
+    total_epochs: int = 15
+    """epochs when `total_training_steps` is null"""
+    total_training_steps: Optional[int] = None
+    """steps to run (wins over epochs; Search-R1's scripts: 1005)"""
+    project_name: str = "Search-R1"
+    """wandb project"""
+    experiment_name: str = "nq-search-r1-ppo-qwen2.5-3b-em"
+    """run name"""
+    logger: List[str] = field(default_factory=lambda: ["console", "jsonl"])
+    """any of `console`, `jsonl`, `tensorboard`, `wandb` (offline without `WANDB_API_KEY`)"""
+    log_dir: str = "${.default_local_dir}/logs"
+    """`metrics.jsonl`, tensorboard and wandb files"""
+    nnodes: int = 1
+    """nodes"""
+    n_gpus_per_node: int = 8
+    """ranks per node (CPU processes when there is no GPU)"""
+    save_freq: int = 100
+    """checkpoint every N steps (and at the end); <= 0 disables"""
+    test_freq: int = 50
+    """validate every N steps (and at the end); <= 0 disables"""
+    val_before_train: bool = True
+    """validate before the first step"""
+    val_only: bool = False
+    """validate (the resumed checkpoint) and exit"""
+    validation_data_dir: Optional[str] = None
+    """write per-sample validation generations to `<dir>/<step>.jsonl`"""
+    critic_warmup: int = 0
+    """steps that update only the critic before the actor starts"""
+    seed: int = 1
+    """seed of the controller's RNGs"""
+    default_local_dir: str = "verl_checkpoints/${.experiment_name}"
+    """checkpoint root: `global_step_N/{actor,critic,huggingface}`, `latest_checkpointed_iteration.txt`"""
+    resume_mode: str = "auto"
+    """`auto` (latest complete checkpoint), `disable`, or a `global_step_N` folder"""
+    max_actor_ckpt_to_keep: Optional[int] = None
+    """keep at most N checkpoints, pruned as whole step folders (`null`: all)"""
+    export_hf: bool = True
+    """write `global_step_N/huggingface/` (loadable by `AutoModelForCausalLM.from_pretrained`)"""
+    device_peak_flops: Optional[float] = None
+    """peak FLOP/s per device for `perf/mfu/actor` (`null`: the known-GPU table or a CPU estimate)"""
+    worker_env_vars: Optional[Dict[str, str]] = None
+    """environment of the Ray worker processes; `null`: `MALLOC_ARENA_MAX=2` on CPU-only machines
+    (glibc reads malloc settings at process start), nothing with GPUs; a mapping replaces that
+    (`{}`: none)"""
+    host_memory: HostMemoryConfig = field(default_factory=HostMemoryConfig)
+    """CPU-only glibc heap tuning of the worker processes (no effect with GPUs)"""
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """The whole run: Search-R1's ``ppo_trainer.yaml`` tree plus newer veRL keys."""
+
+    data: DataConfig = field(default_factory=DataConfig)
+    """prompts and token budgets"""
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    """actor, rollout engine and reference policy"""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """value model (PPO only)"""
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """the rule reward"""
+    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
+    """the retrieval server"""
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    """advantage estimator and in-reward KL"""
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """the training loop"""
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    """`bash evaluate.sh` (verl/trainer/main_eval.py)"""
+    max_turns: int = 2
+    """maximum generate -> search rounds per trajectory (Search-R1's scripts: 2 to 4)"""
+    do_search: bool = True
+    """call the retriever on `<search>`; `false` gives plain reasoning rollouts"""
+
+
+def load_config(cfg: DictConfig | dict) -> PPOConfig:
+    """A checked, immutable ``PPOConfig`` from a composed Hydra tree (or any nested mapping).
+
+    Compatibility keys (:mod:`verl.trainer.ppo.compat`) are taken out first, with one warning for
+    each set to a value other than its default; the rest is typed by OmegaConf against the
+    dataclasses, then :func:`verl.trainer.ppo.config_check.check_config` checks the values that
+    belong together (batch sizes, registered algorithm names, budgets).
+
+    Raises:
+        ConfigError (a ValueError): an unknown key, a wrong type or a bad combination, naming the key.
+    """
+    from verl.trainer.ppo.compat import pop_compat_keys
+    from verl.trainer.ppo.config_check import check_config
+
+    config = to_typed(PPOConfig, pop_compat_keys(cfg))
+    check_config(config)
+    return config
+
+
+def default_config(**sections: Any) -> PPOConfig:
+    """The defaults with some sections replaced (tests, benchmarks): ``default_config(trainer={...})``."""
+    return to_typed(PPOConfig, sections)
