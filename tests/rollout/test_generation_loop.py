@@ -206,5 +206,5 @@ def test_unknown_mode_fails_before_any_model_loads(tiny_qwen_path, tmp_path):
                                tmp_path / "out", "grpo")
     result = run_main(overrides + ["actor_rollout_ref.rollout.mode=asynchronous"], timeout=300)
     assert result.returncode != 0
-    assert "rollout mode must be one of ('sync', 'async'), got 'asynchronous'" in result.stderr
+    assert "actor_rollout_ref.rollout.mode='asynchronous': choose one of ['async', 'sync']" in result.stderr
     assert "init_model" not in result.stderr and "WorkerHost" not in result.stderr
