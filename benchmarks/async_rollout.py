@@ -56,6 +56,7 @@ for _path in (str(REPO), str(REPO / "scripts")):
         sys.path.insert(0, _path)
 
 from benchmarks.common import save_report  # noqa: E402
+from benchmarks.gpu_generation import host_probe_ms  # noqa: E402
 from benchmarks.latency_proxy import launch_proxy  # noqa: E402
 
 PREFIX = "<think>I need to look this up.</think>\n<search>"
@@ -78,6 +79,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--answer_prob", type=float, default=0.3, help="random shapes: chance a turn answers")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpu_memory_utilization", type=float, default=0.6)
+    p.add_argument("--enforce_eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
     p.add_argument("--step_model", default="warm_start", help="model of the step runs (warm_start | base | none)")
     p.add_argument("--step_batch_size", type=int, default=128)
     p.add_argument("--step_n", type=int, default=5)
@@ -213,7 +215,8 @@ def build_engine(path: str, tokenizer, args):
     gpu = args.device == "cuda"
     config = {"name": "vllm", "dtype": "bfloat16" if gpu else "float32",
               "max_model_len": args.max_prompt_length + args.max_tokens, "gpu_memory_utilization":
-              args.gpu_memory_utilization, "kv_cache_space_gib": 2, "seed": args.seed, "enforce_eager": None}
+              args.gpu_memory_utilization, "kv_cache_space_gib": 2, "seed": args.seed,
+              "enforce_eager": True if args.enforce_eager else None}
     return build_rollout_engine(config, path, tokenizer)
 
 
@@ -231,13 +234,14 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=args.seed)
     if proxy:
         proxy.stats(reset=True)
+    probe_ms = host_probe_ms()  # the host's speed beside each run (shared, noisy machines)
     tic = time.perf_counter()
     out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
     wall = time.perf_counter() - tic
     timing = out.meta_info["timing"]
     generated = int(out.batch["response_mask"].sum())
     busy = timing.get("engine_busy_fraction", timing["generation_s"] / wall)
-    result = {"mode": mode, "rollout_s": round(wall, 3), "generated_tokens": generated,
+    result = {"mode": mode, "host_probe_ms": round(probe_ms, 2), "rollout_s": round(wall, 3), "generated_tokens": generated,
               "tokens_per_s": round(generated / wall, 1), "engine_busy_fraction": round(busy, 3),
               "generation_s": round(timing["generation_s"], 3), "retrieval_s": round(timing["retrieval_s"], 3),
               "mean_turns": round(float(out.batch["turns"].float().mean()), 3),

@@ -8,8 +8,8 @@ tasks keep the engine busy: with vLLM a continuation that is ready joins the run
 next scheduler step (``verl/workers/rollout/async_engine.py``), so no turn waits for the slowest
 row and a slow search holds up only its own row.
 
-Searches go one query per request through the retriever client; the server's micro-batcher
-gathers the queries that arrive together. At most ``retriever.max_concurrency`` searches are in
+Searches go one query per request through the retriever client, on an event loop of their own
+thread (``SearchLoop``); the server's micro-batcher gathers the queries that arrive together. At most ``retriever.max_concurrency`` searches are in
 flight (slime's ``search_concurrency``); each has the client's timeout and retries.
 
 Sampling seeds do not depend on timing: row ``i`` gets ``seed_per_row`` consecutive seeds from
@@ -26,6 +26,7 @@ import asyncio
 import contextlib
 import copy
 import math
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -110,16 +111,17 @@ class AsyncRollout:
 
     @contextlib.asynccontextmanager
     async def _search_session(self):
-        """The retriever's call for this rollout: one shared HTTP connection pool when the client
-        offers ``session()``, else its ``aretrieve``, else its blocking ``retrieve`` in a thread."""
+        """The retriever's call for this rollout. An async client (``aretrieve``) runs on a
+        :class:`SearchLoop` of its own thread; a blocking ``retrieve`` runs in worker threads."""
         retriever = self.retriever
         if retriever is None:
             yield None
-        elif hasattr(retriever, "session"):
-            async with retriever.session() as search:
-                yield search
         elif hasattr(retriever, "aretrieve"):
-            yield retriever.aretrieve
+            searches = SearchLoop(retriever)
+            try:
+                yield searches.search
+            finally:
+                searches.close()
         else:
             async def search(queries):
                 return await asyncio.to_thread(retriever.retrieve, queries)
@@ -130,6 +132,47 @@ class AsyncRollout:
         return {"rollout_s": wall_s, "generation_s": engine["busy_s"], "retrieval_s": search["busy_s"],
                 "engine_busy_fraction": engine["busy_fraction"], "mean_requests_in_engine": engine["mean"],
                 "mean_searches_in_flight": search["mean"], "peak_searches_in_flight": search["peak"]}
+
+
+class SearchLoop:
+    """The retriever client's HTTP traffic on an event loop in a thread of its own.
+
+    The vLLM step driver advances the engine on the rollout's event loop, one scheduler step per
+    loop iteration, so on that loop every stage of an HTTP exchange (send, read, parse) would wait
+    for an engine step: searches then took seconds and held their trajectories out of the engine.
+    Here the exchange runs on its own loop (its socket waits release the GIL) and the rollout's
+    loop sees only the finished result. One connection pool (``session()`` when the client has it)
+    serves every search of the rollout.
+
+    Args:
+        retriever: a client with ``aretrieve(queries)`` (and optionally ``session()``).
+    """
+
+    def __init__(self, retriever) -> None:
+        self.retriever = retriever
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="search-loop", daemon=True)
+        self._thread.start()
+        self._stack = contextlib.AsyncExitStack()
+        self._call = asyncio.run_coroutine_threadsafe(self._open(), self._loop).result()
+
+    async def _open(self):
+        if hasattr(self.retriever, "session"):
+            return await self._stack.enter_async_context(self.retriever.session())
+        return self.retriever.aretrieve
+
+    async def search(self, queries: list[str]) -> list[list[dict]]:
+        """The client's results for ``queries``, awaited on the caller's loop (cancellable)."""
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._call(queries), self._loop))
+
+    def close(self) -> None:
+        """Close the connection pool and stop the thread."""
+        try:
+            asyncio.run_coroutine_threadsafe(self._stack.aclose(), self._loop).result()
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
 
 
 @dataclass
