@@ -120,7 +120,7 @@ class LLMGenerationManager:
         Returns:
             DataProto with ``prompts (B, P)``, ``responses``/``response_mask``/``rollout_log_probs``
             ``(B, R=max_response_length)``, ``input_ids``/``attention_mask``/``position_ids``
-            ``(B, P + R)``, int64 ``(B,)`` stats ``turns, valid_search, valid_action, finished,
+            ``(B, P + R)``, int64 ``(B,)`` stats ``turns, valid_search, empty_search, valid_action, finished,
             truncated, obs_truncated`` and the non-tensor ``action_prefix`` (the tag the prompt
             opened, or ""); ``meta_info["timing"]`` has seconds (sync: generation / retrieval /
             bookkeeping; async: also the busy fractions and mean in-flight counts).
@@ -306,6 +306,7 @@ class LLMGenerationManager:
         """Append the tokenised passages of a search (cut to ``max_obs_length``)."""
         ids, cut = self.observations.search(docs)
         row.obs_truncated += int(cut)
+        row.empty_search += int(not docs)
         self._observe(row, ids)
 
     def _observe(self, row: Trajectory, ids: list[int]) -> None:
@@ -349,7 +350,7 @@ class LLMGenerationManager:
             "response_mask": pad_rows([r.response_mask for r in rows], resp_len, 0, torch.long, left=False),
             "rollout_log_probs": pad_rows([r.log_probs for r in rows], resp_len, 0.0, torch.float32, left=False),
         }
-        for stat in ("turns", "valid_search", "valid_action", "finished", "truncated", "obs_truncated"):
+        for stat in ("turns", "valid_search", "valid_action", "finished", "truncated", "obs_truncated", "empty_search"):
             tensors[stat] = torch.tensor([int(getattr(r, stat)) for r in rows], dtype=torch.long)
         return DataProto.from_dict(tensors=tensors, non_tensors={"action_prefix": [r.open_tag for r in rows]},
                                    meta_info={"obs_truncated": sum(r.obs_truncated for r in rows)})

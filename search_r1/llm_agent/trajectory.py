@@ -26,6 +26,7 @@ class Trajectory:
     finished: bool = False
     truncated: bool = False
     obs_truncated: int = 0
+    empty_search: int = 0  # searches answered with no passage (a failing web backend serves those)
 
     @property
     def context(self) -> list[int]:

@@ -117,6 +117,7 @@ def test_do_search_false_gives_empty_information(tokenizer, mode):
     scripts = [["<search>Venezuela</search>", "<answer>x</answer>"]]
     _, _, out = run(tokenizer, None, scripts, mode, do_search=False)
     assert response_text(tokenizer, out, 0, masked=False) == "\n\n<information></information>\n\n"
+    assert out.batch["empty_search"].tolist() == [1]  # a search answered with no passage
 
 
 def test_shapes_masks_positions(tokenizer, retriever, mode):
@@ -127,6 +128,7 @@ def test_shapes_masks_positions(tokenizer, retriever, mode):
     assert b["input_ids"].shape == (2, width + 400) and b["responses"].shape == (2, 400)
     assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], 1))
     assert torch.equal(b["position_ids"], (b["attention_mask"].cumsum(-1) - 1).clamp(min=0))
+    assert b["valid_search"].tolist() == [0, 1] and b["empty_search"].tolist() == [0, 0]
     # response_mask is a subset of the real tokens; log-probs are 0 off the mask
     assert bool((b["response_mask"] <= b["attention_mask"][:, width:]).all())
     assert bool((b["rollout_log_probs"][b["response_mask"] == 0] == 0).all())

@@ -24,7 +24,8 @@ def _batch(scores, mask_rows):
                  "attention_mask": torch.cat([torch.ones(rows, 2), mask], dim=1),
                  "old_log_probs": torch.full((rows, width), -1.0), "ref_log_probs": torch.full((rows, width), -1.5)},
         non_tensors={"turns": np.array([1, 2, 2, 1]), "valid_action": np.array([1, 2, 1, 1]),
-                     "valid_search": np.array([0, 1, 1, 0]), "finished": np.array([True, True, False, True])})
+                     "valid_search": np.array([0, 1, 1, 0]), "empty_search": np.array([0, 1, 0, 0]),
+                     "finished": np.array([True, True, False, True])})
 
 
 def test_expand_groups_unique_uids_adjacent_copies():
@@ -59,6 +60,8 @@ def test_data_and_env_metrics_named_as_verl():
     assert metrics["critic/score/mean"] == pytest.approx(0.5)
     assert metrics["response_length/max"] == 3 and metrics["response_length/clip_ratio"] == pytest.approx(0.25)
     assert metrics["env/number_of_valid_search"] == pytest.approx(0.5)
+    assert metrics["env/number_of_empty_search"] == pytest.approx(0.25)
+    assert metrics["env/ratio_of_empty_search"] == pytest.approx(0.5)  # 1 of the 2 searches found nothing
     assert metrics["env/finish_ratio"] == pytest.approx(0.75)
     assert metrics["env/ratio_of_valid_action"] == pytest.approx((1 + 1 + 0.5 + 1) / 4)
     assert metrics["env/number_of_actions/max"] == 2

@@ -72,7 +72,7 @@ DOC_METRICS = """\
 Per step: `critic/score/{mean,max,min}`, `critic/rewards/*`, `critic/advantages/*`, `critic/returns/*`,
 `critic/values/*` and `critic/vf_explained_var` (PPO), `actor/{pg_loss,pg_clipfrac,ppo_kl,entropy,kl_loss,grad_norm,lr}`
 (from the workers), `actor/reward_kl_penalty{,_coeff}` (KL in reward), `response_length/{mean,max,min,clip_ratio}`,
-`prompt_length/*`, `env/{number_of_actions/*,number_of_valid_action,ratio_of_valid_action,number_of_valid_search,finish_ratio}`,
+`prompt_length/*`, `env/{number_of_actions/*,number_of_valid_action,ratio_of_valid_action,number_of_valid_search,number_of_empty_search,ratio_of_empty_search,finish_ratio}`,
 `timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,update_actor,step}`,
 `perf/{throughput_tokens_per_s,total_num_tokens,mfu/actor}`. At validation: `val/test_score/<data_source>`,
 `val/test_score/all`, `val/env/*`.

@@ -70,12 +70,13 @@ def _clip_ratio(batch, response_length: torch.Tensor, response_width: int) -> fl
     return (response_length >= response_width).float().mean().item()
 
 
-ENV_STATS = ("turns", "valid_action", "valid_search", "finished")
+ENV_STATS = ("turns", "valid_action", "valid_search", "empty_search", "finished")
 
 
 def compute_env_metrics(batch, prefix: str = "env") -> dict[str, float]:
     """Search-R1's environment statistics from per-row ``turns``, ``valid_action``, ``valid_search``,
-    ``finished`` (as the generation manager reports them)."""
+    ``finished`` (as the generation manager reports them), plus ``empty_search``: searches the
+    retriever answered with no passage (a web backend that kept failing)."""
     return env_metrics({key: row_stat(batch, key) for key in ENV_STATS}, prefix)
 
 
@@ -98,6 +99,10 @@ def env_metrics(stats: dict[str, np.ndarray | None], prefix: str = "env") -> dic
             metrics[f"{prefix}/ratio_of_valid_action"] = float((valid / np.maximum(turns, 1)).mean())
     if searches is not None and len(searches):
         metrics[f"{prefix}/number_of_valid_search"] = searches.mean()
+        empty = stats.get("empty_search")
+        if empty is not None:
+            metrics[f"{prefix}/number_of_empty_search"] = empty.mean()
+            metrics[f"{prefix}/ratio_of_empty_search"] = empty.sum() / max(int(searches.sum()), 1)
     if finished is not None and len(finished):
         metrics[f"{prefix}/finish_ratio"] = finished.mean()
     return {k: float(v) for k, v in metrics.items()}
