@@ -30,10 +30,8 @@ the EOS it is appended (mask 1, real log-prob), so the final EOS is trained on.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Coroutine
 
 import torch
 
@@ -43,6 +41,7 @@ from search_r1.llm_agent.stop_rule import split_at_stop
 from search_r1.llm_agent.tensor_helper import pad_rows, position_ids_from_mask
 from search_r1.llm_agent.trajectory import Trajectory
 from verl.protocol import DataProto
+from verl.utils.aio import in_event_loop, run_coroutine
 from verl.workers.rollout.base import RolloutOutput, SamplingParams
 from verl.workers.rollout.config import ROLLOUT_MODES as MODES
 
@@ -165,7 +164,7 @@ class LLMGenerationManager:
         from verl.workers.rollout.async_engine import async_engine
 
         rollout = AsyncRollout(self, async_engine(self.engine), self.retriever)
-        return run_coroutine(rollout.run(rows, params, seeds))
+        return run_coroutine(rollout.run(rows, params, seeds), "async-rollout")
 
     def _run_remote(self, batch: DataProto, prompts: list[list[int]], width: int,
                     params: SamplingParams) -> DataProto:
@@ -249,7 +248,7 @@ class LLMGenerationManager:
 
     def _retrieve(self, queries: list[str]) -> list[list[dict]]:
         tic = time.perf_counter()
-        if hasattr(self.retriever, "aretrieve") and not _in_event_loop():
+        if hasattr(self.retriever, "aretrieve") and not in_event_loop():
             results = asyncio.run(self.retriever.aretrieve(queries))
         else:
             results = self.retriever.retrieve(queries)
@@ -354,32 +353,3 @@ class LLMGenerationManager:
             tensors[stat] = torch.tensor([int(getattr(r, stat)) for r in rows], dtype=torch.long)
         return DataProto.from_dict(tensors=tensors, non_tensors={"action_prefix": [r.open_tag for r in rows]},
                                    meta_info={"obs_truncated": sum(r.obs_truncated for r in rows)})
-
-
-def _in_event_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
-
-
-def run_coroutine(coro: Coroutine) -> Any:
-    """``asyncio.run(coro)``, or the same in a private thread when the caller is inside an event
-    loop already (a notebook, an async server)."""
-    if not _in_event_loop():
-        return asyncio.run(coro)
-    box: dict = {}
-
-    def run() -> None:
-        try:
-            box["result"] = asyncio.run(coro)
-        except BaseException as err:  # re-raised in the caller's thread
-            box["error"] = err
-
-    thread = threading.Thread(target=run, name="async-rollout", daemon=True)
-    thread.start()
-    thread.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]

@@ -21,12 +21,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import threading
 from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 import httpx
 
 from search_r1.prompts import format_observation, format_passages
+from verl.utils.aio import run_coroutine
 
 __all__ = ["RetrieverClient", "RetrieverError", "format_passages", "format_observation"]
 
@@ -112,24 +112,7 @@ class RetrieverClient:
     def retrieve(self, queries: Sequence[str]) -> list[list[dict]]:
         """Blocking ``aretrieve``; safe to call from inside a running event loop (it then runs the
         request loop in a private thread)."""
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            return asyncio.run(self.aretrieve(queries))
-        box: dict = {}
-
-        def run() -> None:
-            try:
-                box["result"] = asyncio.run(self.aretrieve(queries))
-            except BaseException as err:  # re-raised in the caller's thread
-                box["error"] = err
-
-        thread = threading.Thread(target=run, name="retriever-client", daemon=True)
-        thread.start()
-        thread.join()
-        if "error" in box:
-            raise box["error"]
-        return box["result"]
+        return run_coroutine(self.aretrieve(queries), "retriever-client")
 
     def render(self, results: list[list[dict]]) -> list[str]:
         """Observation text (``<information>...</information>``) for each query's results."""

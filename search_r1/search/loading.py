@@ -78,7 +78,8 @@ def load_dense_index(index_path: str, corpus_path: str, use_gpu: bool = False,
         corpus, corpus_s = corpus_job.result()
     check_corpus(meta, corpus.fingerprint(), int(vectors.ntotal), index_path, corpus_path)
     dense = DenseIndex(vectors, corpus, faiss_gpus=faiss_gpus)
-    dense.load_s = {"corpus": round(corpus_s, 3), "vectors": round(vectors_s, 3)}
+    # Microsecond resolution: a small part on a fast host must not read 0.
+    dense.load_s = {"corpus": round(corpus_s, 6), "vectors": round(vectors_s, 6)}
     return dense
 
 
@@ -152,8 +153,8 @@ def load_dense_retriever(index_path: str, corpus_path: str, retriever_name: str,
         dense_index = load_dense_index(index_path, corpus_path, use_gpu=faiss_gpu, gpu_search=gpu_search)
         encoder, encoder_s = encoder_job.result()
     retriever = DenseRetriever(dense_index, encoder)
-    retriever.load_s = {**dense_index.load_s, "encoder": round(encoder_s, 3),
-                        "total": round(time.perf_counter() - start, 3)}
+    retriever.load_s = {**dense_index.load_s, "encoder": round(encoder_s, 6),
+                        "total": round(time.perf_counter() - start, 6)}
     return retriever
 
 
