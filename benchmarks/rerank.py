@@ -40,7 +40,7 @@ for _p in (str(REPO), str(REPO / "benchmarks"), str(REPO / "scripts")):
         sys.path.insert(0, _p)
 
 from common import save_report  # noqa: E402
-from retriever import prepare_indexes, read_response, request_bytes  # noqa: E402
+from retriever import closed_loop_requests, prepare_indexes, request_bytes  # noqa: E402
 
 from search_r1.search.launcher import launch_server  # noqa: E402
 
@@ -107,26 +107,7 @@ async def closed_loop(url: str, queries: list[str], concurrency: int, num_reques
     """``concurrency`` raw keep-alive HTTP/1.1 callers, one query per request, ``num_requests`` in all."""
     parsed = httpx.URL(url)
     bodies = [request_bytes(parsed.host, [queries[i % len(queries)]]) for i in range(num_requests)]
-    latencies: list[float] = []
-    todo = iter(range(num_requests))
-
-    async def caller() -> None:
-        reader, writer = await asyncio.open_connection(parsed.host, parsed.port)
-        try:
-            for i in todo:
-                start = time.perf_counter()
-                writer.write(bodies[i])
-                await read_response(reader)
-                latencies.append(time.perf_counter() - start)
-        finally:
-            writer.close()
-
-    async with httpx.AsyncClient(timeout=600) as client:
-        before = (await client.get(url + "/stats")).json()
-        start = time.perf_counter()
-        await asyncio.gather(*(caller() for _ in range(concurrency)))
-        wall = time.perf_counter() - start
-        after = (await client.get(url + "/stats")).json()
+    latencies, wall, before, after = await closed_loop_requests(url, bodies, concurrency, timeout=600)
     delta = {k: after[k] - before[k] for k in ("queries", "batches", "encode_s", "search_s", "rerank_s")}
     return {"callers": concurrency, "requests": len(latencies), "wall_s": wall, "qps": len(latencies) / wall,
             "mean_ms": 1000 * statistics.fmean(latencies), "p50_ms": 1000 * statistics.median(latencies),

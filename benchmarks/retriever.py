@@ -130,24 +130,24 @@ async def read_response(reader: asyncio.StreamReader) -> bytes:
     return await reader.readexactly(length)
 
 
-async def run_load(url: str, queries: list[str], concurrency: int, per_request: int, num_requests: int) -> dict:
-    """``concurrency`` clients in a closed loop, ``num_requests`` requests of ``per_request`` queries.
+async def closed_loop_requests(url: str, bodies: list[bytes], concurrency: int,
+                               timeout: float) -> tuple[list[float], float, dict, dict]:
+    """Send pre-built request ``bodies`` over ``concurrency`` raw keep-alive HTTP/1.1 connections in a
+    closed loop (each caller sends its next request when the last is answered).
 
-    The clients are raw asyncio HTTP/1.1 keep-alive connections with pre-built request bytes, so the
-    load generator (a separate process from the server) uses as little of the 2 cores as possible;
-    the baseline is measured the same way.
+    Returns:
+        (latency of each request in seconds, wall seconds, the server's ``/stats`` before, after).
+    Raises:
+        RuntimeError: a response that is not ``200`` with a content length.
     """
     parsed = httpx.URL(url)
-    host, port = parsed.host, parsed.port
-    bodies = [request_bytes(host, [queries[(i * per_request + j) % len(queries)] for j in range(per_request)])
-              for i in range(num_requests)]
     latencies: list[float] = []
-    counter = iter(range(num_requests))
+    todo = iter(range(len(bodies)))
 
-    async def worker() -> None:
-        reader, writer = await asyncio.open_connection(host, port)
+    async def caller() -> None:
+        reader, writer = await asyncio.open_connection(parsed.host, parsed.port)
         try:
-            for i in counter:
+            for i in todo:
                 start = time.perf_counter()
                 writer.write(bodies[i])
                 await read_response(reader)
@@ -155,12 +155,26 @@ async def run_load(url: str, queries: list[str], concurrency: int, per_request: 
         finally:
             writer.close()
 
-    async with httpx.AsyncClient(timeout=300) as client:
+    async with httpx.AsyncClient(timeout=timeout) as client:
         before = (await client.get(url + "/stats")).json()
         start = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        await asyncio.gather(*(caller() for _ in range(concurrency)))
         wall = time.perf_counter() - start
         after = (await client.get(url + "/stats")).json()
+    return latencies, wall, before, after
+
+
+async def run_load(url: str, queries: list[str], concurrency: int, per_request: int, num_requests: int) -> dict:
+    """``concurrency`` clients in a closed loop, ``num_requests`` requests of ``per_request`` queries.
+
+    The clients are raw asyncio HTTP/1.1 keep-alive connections with pre-built request bytes, so the
+    load generator (a separate process from the server) uses as little of the 2 cores as possible;
+    the baseline is measured the same way.
+    """
+    host = httpx.URL(url).host
+    bodies = [request_bytes(host, [queries[(i * per_request + j) % len(queries)] for j in range(per_request)])
+              for i in range(num_requests)]
+    latencies, wall, before, after = await closed_loop_requests(url, bodies, concurrency, timeout=300)
     return summarize(latencies, wall, num_requests * per_request, before, after)
 
 
