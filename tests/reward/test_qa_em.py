@@ -87,6 +87,19 @@ def test_answer_inside_information_does_not_count():
     assert qa_em.extract_solution("<information>x <answer>The Beatles</answer> y") is None
 
 
+def test_invalid_action_message_is_not_an_answer():
+    """The loop's corrective message holds "<answer> and </answer>"; it is environment text, so a
+    row that never answered has no answer (no format credit for a wrong "and"), and a later real
+    answer still wins."""
+    from search_r1.prompts import INVALID_ACTION_MESSAGE
+
+    unanswered = "<think>hmm</think> I guess" + INVALID_ACTION_MESSAGE + "<think>still thinking"
+    assert qa_em.extract_solution(unanswered) is None
+    assert qa_em.compute_score_em(unanswered, GT, format_score=0.1) == 0.0
+    assert qa_em.extract_solution("<search>x" + INVALID_ACTION_MESSAGE + ans("The Beatles")) == "The Beatles"
+    assert qa_em.extract_solution(INVALID_ACTION_MESSAGE + ans("and")) == "and"  # the model's own "and"
+
+
 def test_empty_answer():
     assert qa_em.extract_solution("<answer>  </answer>") == ""
     assert qa_em.compute_score_em("<answer></answer>", GT) == 0.0

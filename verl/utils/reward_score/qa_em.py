@@ -19,8 +19,12 @@ import numpy as np
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = frozenset(string.punctuation)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-# A retrieved passage may itself contain "<answer>" text; an unclosed block was cut by truncation.
-_INFORMATION = re.compile(r"<information>.*?(?:</information>|$)", re.DOTALL)
+# Text the search loop writes, not the model: retrieved passages (which may contain "<answer>" text;
+# an unclosed block was cut by truncation) and the invalid-action message, whose own
+# "<answer> and </answer>" would otherwise read as the answer "and" (search_r1.prompts.
+# INVALID_ACTION_MESSAGE; tests/reward/test_qa_em.py keeps the two in step).
+_ENVIRONMENT_TEXT = re.compile(r"<information>.*?(?:</information>|$)"
+                               r"|\nMy previous action is invalid\. .*?Let me try again\.\n", re.DOTALL)
 
 
 def normalize_answer(text: str, remove_articles: bool = True) -> str:
@@ -95,9 +99,10 @@ def subem_check(prediction: str, golden_answers) -> int:
 def extract_solution(solution_str: str) -> str | None:
     """Stripped text of the last complete ``<answer>...</answer>`` in the response, or None.
 
-    Text inside ``<information>`` blocks (retrieved passages, not the model's words) is ignored.
+    Text the search loop wrote (``<information>`` blocks, the invalid-action message) is ignored:
+    those are not the model's words.
     """
-    matches = _ANSWER.findall(_INFORMATION.sub(" ", solution_str))
+    matches = _ANSWER.findall(_ENVIRONMENT_TEXT.sub(" ", solution_str))
     if not matches:
         return None
     return matches[-1].strip()
