@@ -21,8 +21,6 @@ import torch
 
 from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
-STOP_STRINGS = ["</search>", "</answer>"]
-
 
 def _object_array(items: list) -> np.ndarray:
     array = np.empty(len(items), dtype=object)
@@ -106,6 +104,6 @@ def sampling_params(rollout_cfg, max_tokens: int, validate: bool = False) -> Sam
         temperature=0.0 if greedy else float(source.temperature),
         top_p=1.0 if greedy else float(source.top_p),
         top_k=-1 if greedy else int(source.top_k),
-        max_tokens=int(max_tokens), stop=list(STOP_STRINGS), n=1,
+        max_tokens=int(max_tokens), n=1,  # the generation manager adds its stop strings
         seed=rollout_cfg.seed if seeded else None,
         logprobs=True)
