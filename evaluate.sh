@@ -20,10 +20,12 @@ cd "$(dirname "$0")"
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
 export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 PYTHON=${PYTHON:-python}
+source scripts/require_python.sh
 if [ "${1:-}" = "--compare" ]; then
   shift
   exec $PYTHON -m verl.trainer.evaluation.compare "$@"
 fi
+require_python_modules "$(basename "$0")" torch transformers ray hydra tensordict httpx
 N_GPUS=${N_GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)}
 OPTS=()
 

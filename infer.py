@@ -109,8 +109,19 @@ def answer(tokenizer, manager, question: str, args) -> str:
     return final
 
 
+def require_packages() -> None:
+    """One line, not a traceback, when this interpreter lacks the project (environment not active)."""
+    import importlib.util
+
+    missing = [m for m in ("torch", "transformers", "omegaconf", "httpx", "verl") if importlib.util.find_spec(m) is None]
+    if missing:
+        _fail(f"{sys.executable} cannot import {', '.join(missing)}: activate the project's environment "
+              "(. .venv/bin/activate; bash scripts/install.sh makes it)")
+
+
 def main(argv=None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    require_packages()
     args = parse_args(argv)
     try:
         check_inputs(args)

@@ -87,9 +87,17 @@ def ensure_data(data_dir: Path, qa_dir: Path, train_sources: str = "hotpotqa",
 
 
 def maybe_warm_start(overrides: list[str]) -> list[str]:
-    """Hook for the SFT warm start (issue 8): with ``WARM_START=1``, run the SFT step once (cached)
-    and start RL from its checkpoint. Returns the overrides, extended with the model path."""
+    """The SFT warm start of the embedded default: with ``WARM_START=1`` and SmolLM2 as the model
+    (or none named), run the SFT step once (cached) and start RL from its checkpoint. Returns the
+    overrides, extended with the model path; unchanged for any other model."""
     if os.environ.get("WARM_START") != "1":
+        return overrides
+    from verl.utils.model_zoo import smollm2_dir
+
+    chosen = override_value(overrides, "actor_rollout_ref.model.path")
+    if chosen and Path(chosen).expanduser().resolve() != Path(smollm2_dir()).resolve():
+        # The warm start is SmolLM2's; a model the user chose (BASE_MODEL, model.path=) is trained as given.
+        print(f"warm start: skipped, the run trains {chosen}", flush=True)
         return overrides
     script = REPO / "scripts" / "warm_start.py"
     if not script.exists():
@@ -150,17 +158,24 @@ def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
         yield
 
 
+def override_value(overrides: list[str], key: str) -> str | None:
+    """The value the last override of ``key`` (plain, ``+`` or ``++`` form) sets, or None."""
+    for override in reversed(overrides):
+        name, _, value = override.partition("=")
+        if name.lstrip("+~") == key and value:
+            return value
+    return None
+
+
 def run_output_dir(overrides: list[str]) -> Path | None:
     """``trainer.default_local_dir`` when the overrides set it (the train scripts do), else None."""
-    for override in reversed(overrides):
-        key, _, value = override.partition("=")
-        if key.lstrip("+~") == "trainer.default_local_dir" and value:
-            return REPO / value
-    return None
+    value = override_value(overrides, "trainer.default_local_dir")
+    return REPO / value if value else None
 
 
 def main(argv=None) -> int:
     args, overrides = parse_args(argv)
+    args.retriever_url = override_value(overrides, "retriever.url") or args.retriever_url  # the last one wins
     data_dir = REPO / args.data_dir
     ensure_data(data_dir, REPO / args.qa_dir, args.train_sources, args.test_sources)
     overrides = maybe_warm_start(overrides)

@@ -1,4 +1,4 @@
-# Sourced (not run) by train_ppo.sh, train_grpo.sh and retrieval_launch.sh: stop with one line when
+# Sourced (not run) by train_ppo.sh, train_grpo.sh, evaluate.sh and retrieval_launch.sh: stop with one line when
 # $PYTHON is missing or cannot import what the calling script needs, which almost always means the
 # project's environment is not active; a Python traceback from deep inside a run would not say so.
 #   require_python_modules SCRIPT_NAME MODULE...

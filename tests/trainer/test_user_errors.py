@@ -108,3 +108,42 @@ def test_retrieval_launch_names_an_inactive_environment(bare_python):
     line = _one_error_line(_run(["bash", "retrieval_launch.sh"], {"PYTHON": bare_python, "RETRIEVER": "bm25"}))
     assert line.startswith(f"retrieval_launch.sh: {bare_python} cannot import fastapi, uvicorn")
     assert "bm25s" in line and ". .venv/bin/activate" in line
+
+
+def test_evaluate_and_infer_name_an_inactive_environment(bare_python):
+    line = _one_error_line(_run(["bash", "evaluate.sh"], {"PYTHON": bare_python, "N_GPUS": "0"}))
+    assert line.startswith(f"evaluate.sh: {bare_python} cannot import torch, transformers")
+    line = _one_error_line(_run([bare_python, "infer.py", "--model", "x", "--question", "y"]))
+    assert line.startswith("error: ") and "cannot import torch" in line and ". .venv/bin/activate" in line
+
+
+def _trainer(tiny_qwen_path: str, train: str, *extra: str) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-m", "verl.trainer.main_ppo", f"actor_rollout_ref.model.path={tiny_qwen_path}",
+                 f"data.train_files={train}", f"data.val_files={train}", *extra], timeout=300)
+
+
+def test_trainer_names_an_unreachable_retriever_before_any_worker(tiny_qwen_path, qa_parquet):
+    url = "http://127.0.0.1:9/retrieve"
+    line = _one_error_line(_trainer(tiny_qwen_path, qa_parquet["train"], f"retriever.url={url}"))
+    assert line.startswith(f"error: no retriever answers at {url}") and "retrieval_launch.sh" in line
+
+
+def _write_rows(path: Path, qa_parquet: dict, drop: str | None = None, **column) -> str:
+    import pandas as pd
+
+    frame = pd.read_parquet(qa_parquet["train"])
+    frame = frame.drop(columns=[drop]) if drop else frame.assign(**column)
+    frame.to_parquet(path)
+    return str(path)
+
+
+def test_trainer_names_a_data_file_without_a_column(tiny_qwen_path, qa_parquet, tmp_path):
+    train = _write_rows(tmp_path / "no_reward.parquet", qa_parquet, drop="reward_model")
+    line = _one_error_line(_trainer(tiny_qwen_path, train, "do_search=false"))
+    assert line.startswith(f"error: {train}: no column 'reward_model'")
+
+
+def test_trainer_names_a_data_source_without_a_reward(tiny_qwen_path, qa_parquet, tmp_path):
+    train = _write_rows(tmp_path / "mydata.parquet", qa_parquet, data_source="mydata")
+    line = _one_error_line(_trainer(tiny_qwen_path, train, "do_search=false"))
+    assert line.startswith(f"error: {train}: data_source 'mydata' has no reward function") and "'nq'" in line

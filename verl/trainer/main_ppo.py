@@ -16,6 +16,7 @@ from typing import Sequence
 from verl.trainer.overrides import compose
 from verl.trainer.ppo.config import PPOConfig, load_config
 from verl.trainer.ppo.config_check import needs_critic
+from verl.trainer.evaluation.inputs import check_retriever
 from verl.trainer.ppo.run_summary import closing_summary
 from verl.utils.config import ConfigError
 from verl.utils.model_path import check_model_path
@@ -44,8 +45,8 @@ def run_ppo(config: PPOConfig) -> dict:
 
 
 def check_paths(config: PPOConfig) -> None:
-    """The models the run loads exist (a folder, or a hub id that can be fetched), and so do its
-    data files.
+    """The models the run loads exist (a folder, or a hub id that can be fetched), so do its
+    data files, and a retriever answers at ``retriever.url`` when the run searches.
 
     Raises:
         ValueError: naming the key and its value.
@@ -61,6 +62,8 @@ def check_paths(config: PPOConfig) -> None:
             if not Path(path).expanduser().is_file():
                 raise ValueError(f"data.{key}={path}: no such file; write the parquet files with "
                                  f"scripts/data_process/ (README, Data) or point data.{key} at them")
+    if config.do_search:
+        check_retriever(config.retriever.url)
 
 
 def main(argv: Sequence[str] | None = None, defaults: Sequence[str] = ()) -> None:
@@ -73,7 +76,11 @@ def main(argv: Sequence[str] | None = None, defaults: Sequence[str] = ()) -> Non
         # The message names the culprit key; a traceback would only hide it.
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    run_ppo(config)
+    try:
+        run_ppo(config)
+    except ConfigError as error:  # raised while loading the data, before any worker starts
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def closing_summary(cfg: DictConfig, global_step: int, total_steps: int, metrics
     lines = [f"{what}; last {scores}"]
     checkpoint = checkpointing.find_latest(trainer.default_local_dir)
     if checkpoint is not None and not trainer.val_only:
-        lines.append(f"  checkpoint:   {checkpoint}  (continue with trainer.resume_mode=auto)")
+        lines.append(f"  checkpoint:   {checkpoint}  (to train on: the same command with a higher "
+                     "trainer.total_training_steps resumes here)")
         export = Path(checkpoint) / "huggingface"
         if export.is_dir():
             lines.append(f"  HF export:    {export}  (python infer.py --model {export} ...)")

@@ -17,7 +17,7 @@ from verl.trainer.ppo.data_loading import BatchLoader, ResumableBatchSampler, it
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.rollout_adapter import WorkerGroupEngine
 from verl.trainer.ppo.run_plan import RunPlan, make_run_plan
-from verl.utils.config import to_plain
+from verl.utils.config import ConfigError, to_plain
 from verl.utils.tracking import Tracking
 
 
@@ -61,10 +61,29 @@ def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None):
     for file in files:
         if not Path(file).expanduser().exists():
             raise ValueError(f"data file not found: {file} (prepare it with scripts/data_process/*.py)")
-    dataset = RLHFDataset(files, tokenizer, prompt_key=cfg.data.prompt_key, max_prompt_length=cfg.data.max_start_length,
-                          filter_overlong_prompts=cfg.data.filter_overlong_prompts,
-                          return_raw_chat=cfg.data.return_raw_chat)
+    try:
+        dataset = RLHFDataset(files, tokenizer, prompt_key=cfg.data.prompt_key,
+                              max_prompt_length=cfg.data.max_start_length,
+                              filter_overlong_prompts=cfg.data.filter_overlong_prompts,
+                              return_raw_chat=cfg.data.return_raw_chat)
+    except (ValueError, FileNotFoundError) as error:  # the message names file, row and field
+        raise ConfigError(str(error)) from None
+    check_data_sources(dataset.rows, files)
     return _Head(dataset, max_rows)
+
+
+def check_data_sources(rows: list[dict], files: list[str]) -> None:
+    """Every row's ``data_source`` has a reward function (the default QA score's names).
+
+    Raises:
+        ConfigError: naming the files, the unknown values and the known ones.
+    """
+    from verl.utils.reward_score import QA_DATA_SOURCES
+
+    unknown = sorted({str(row.get("data_source")) for row in rows} - QA_DATA_SOURCES)
+    if unknown:
+        raise ConfigError(f"{', '.join(map(str, files))}: data_source {', '.join(map(repr, unknown))} has no reward "
+                          f"function; use one of {sorted(QA_DATA_SOURCES)} (docs/quickstart.md, custom data)")
 
 
 def build_generation_manager(cfg: PPOConfig, tokenizer, engine, plan: RunPlan):
