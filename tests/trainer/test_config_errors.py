@@ -33,7 +33,8 @@ def test_defaults_pass_checks_and_are_immutable():
 
 @pytest.mark.parametrize("override, message", [
     ("trainer.total_epochs=abc", "trainer.total_epochs: Value 'abc' of type 'str' could not be converted to Integer"),
-    ("trainer.total_epoch=3", "trainer.total_epoch: Key 'total_epoch' not in 'TrainerConfig'"),
+    ("trainer.total_epoch=3", "trainer.total_epoch: Key 'total_epoch' not in 'TrainerConfig'; did you mean "
+                              "'total_epochs'?"),
     ("data.train_batch_size=100", "data.train_batch_size (100) is not divisible by actor.ppo_mini_batch_size (256)"),
     ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator='grpoo': choose one of"),
 ])

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import inspect
 import textwrap
 from functools import lru_cache
 from typing import Any, Iterator, Mapping, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 T = TypeVar("T")
 
@@ -49,7 +50,17 @@ def _one_line(error: OmegaConfBaseException, prefix: str) -> str:
     key = getattr(error, "full_key", None) or ""
     key = f"{prefix}.{key}" if prefix and key else (prefix or key)
     message = str(error).splitlines()[0] if str(error) else type(error).__name__
+    message += _did_you_mean(error)
     return f"{key}: {message}" if key else message
+
+
+def _did_you_mean(error: OmegaConfBaseException) -> str:
+    """``"; did you mean 'total_epochs'?"`` for an unknown key close to a field of its section."""
+    section, unknown = getattr(error, "object_type", None), getattr(error, "key", None)
+    if not (isinstance(error, ConfigKeyError) and dataclasses.is_dataclass(section) and isinstance(unknown, str)):
+        return ""
+    close = difflib.get_close_matches(unknown, [f.name for f in dataclasses.fields(section)], n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def to_typed(cls: type[T], value: Any, prefix: str = "") -> T:
