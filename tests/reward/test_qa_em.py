@@ -52,6 +52,18 @@ def test_gold_as_numpy_array_and_dict():
     assert qa_em.compute_score_em(ans("paris"), "Paris") == 1.0
 
 
+def test_gold_as_zero_dim_numpy_array_is_one_answer():
+    # np.array("Beijing", dtype=object).tolist() is the bare string; iterating it gave the
+    # answers "B", "e", "i", ... so a one-letter answer scored.
+    gold = np.array("Beijing", dtype=object)
+    assert qa_em.as_answer_list(gold) == ["Beijing"]
+    assert qa_em.compute_score_em(ans("B"), gold) == 0.0
+    assert qa_em.compute_score_em(ans("beijing"), {"target": gold}) == 1.0
+    assert qa_em.subem_check("B", gold) == 0
+    assert qa_em_format.compute_score_em("<think>a</think><answer>B</answer>", gold, **FORMAT_KW) \
+        == pytest.approx(0.2)   # well-formed, wrong answer
+
+
 def test_non_string_gold_is_rejected():
     with pytest.raises(ValueError, match="not a string"):
         qa_em.em_check("1", [1])

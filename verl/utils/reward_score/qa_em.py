@@ -52,17 +52,19 @@ def _comparable(prediction: str, gold: str) -> tuple[str, str]:
 def as_answer_list(golden_answers) -> list[str]:
     """Gold answers as a list of strings; accepts a str, a list/tuple, or a numpy array.
 
-    A ``{"target": [...]}`` mapping (the ``reward_model.ground_truth`` field) is unwrapped too.
+    A ``{"target": [...]}`` mapping (the ``reward_model.ground_truth`` field) is unwrapped too. A
+    0-d array (``np.array("Beijing", dtype=object)``) is one answer: its ``tolist()`` is the bare
+    string, which must not be iterated into characters.
 
     Raises:
         ValueError: a gold answer is not a string.
     """
     if isinstance(golden_answers, dict):
         golden_answers = golden_answers["target"]
-    if isinstance(golden_answers, str):
-        return [golden_answers]
     if isinstance(golden_answers, np.ndarray):
         golden_answers = golden_answers.tolist()
+    if isinstance(golden_answers, str):
+        return [golden_answers]
     answers = list(golden_answers)
     for answer in answers:
         if not isinstance(answer, str):
