@@ -37,6 +37,7 @@ def test_defaults_pass_checks_and_are_immutable():
                               "'total_epochs'?"),
     ("data.train_batch_size=100", "data.train_batch_size (100) is not divisible by actor.ppo_mini_batch_size (256)"),
     ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator='grpoo': choose one of"),
+    ("actor_rollout_ref.rollout.val_kwargs.do_sample=true", "set actor_rollout_ref.rollout.val_kwargs.temperature > 0"),
 ])
 def test_command_line_errors_name_the_key_in_one_line(override, message):
     result = _run_main(override)
@@ -61,11 +62,21 @@ def test_command_line_errors_name_the_key_in_one_line(override, message):
     (["actor_rollout_ref.rollout.temperature=hot"], "actor_rollout_ref.rollout.temperature: Value 'hot'"),
     (["trainer.resume_mode=/no/such/checkpoint"], "trainer.resume_mode='/no/such/checkpoint'"),
     (["actor_rollout_ref.rollout.n=4", "actor_rollout_ref.rollout.n_agent=5"], "disagree; set only one"),
+    (["actor_rollout_ref.rollout.val_kwargs.do_sample=true"],
+     "actor_rollout_ref.rollout.val_kwargs.do_sample=true samples nothing with val_kwargs.temperature=0.0: set "
+     "actor_rollout_ref.rollout.val_kwargs.temperature > 0"),
+    (["actor_rollout_ref.rollout.temperature=0"], "actor_rollout_ref.rollout.temperature=0.0 must be > 0"),
 ])
 def test_parse_config_names_culprit(overrides, message):
     with pytest.raises(ConfigError) as error:
         parse_config(overrides)
     assert message in str(error.value)
+
+
+def test_validation_sampling_with_a_temperature_passes():
+    config = parse_config(["actor_rollout_ref.rollout.val_kwargs.do_sample=true",
+                           "actor_rollout_ref.rollout.val_kwargs.temperature=0.7"])
+    assert config.actor_rollout_ref.rollout.val_kwargs.temperature == 0.7
 
 
 @pytest.mark.parametrize("key, value", [

@@ -161,8 +161,32 @@ def check_choices(cfg: PPOConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
+def check_sampling(cfg: PPOConfig) -> None:
+    """Sampling settings that contradict each other.
+
+    Validation is greedy by default (``val_kwargs.do_sample=false``, ``val_kwargs.temperature=0``,
+    veRL's defaults); ``do_sample=true`` with a temperature of 0 would still decode greedily, so a
+    user who asked for sampling would silently get greedy results. The training temperature also
+    divides the logits of the log-prob passes, so it must be positive even when training is greedy.
+
+    Raises:
+        ConfigError: naming the key to set.
+    """
+    rollout = cfg.actor_rollout_ref.rollout
+    val = rollout.val_kwargs
+    if val.do_sample and val.temperature <= 0:
+        raise ConfigError(f"actor_rollout_ref.rollout.val_kwargs.do_sample=true samples nothing with "
+                          f"val_kwargs.temperature={val.temperature}: set "
+                          f"actor_rollout_ref.rollout.val_kwargs.temperature > 0 (e.g. 1.0)")
+    if rollout.temperature <= 0:
+        raise ConfigError(f"actor_rollout_ref.rollout.temperature={rollout.temperature} must be > 0 (it divides "
+                          f"the logits of the log-prob passes); for greedy training set "
+                          f"actor_rollout_ref.rollout.do_sample=false")
+
+
 def check_config(cfg: PPOConfig) -> None:
     """All start-up checks; raises ConfigError naming the offending key(s)."""
     check_choices(cfg)
+    check_sampling(cfg)
     check_algorithm(cfg)
     check_batch_sizes(cfg)

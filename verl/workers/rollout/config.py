@@ -21,7 +21,7 @@ class ValidationSampling:
     do_sample: bool = False
     """sample at validation; `false` is truly greedy (temperature 0), which Search-R1 meant but did not do"""
     temperature: float = 0.0
-    """validation temperature when sampling"""
+    """validation temperature when sampling; `do_sample: true` needs it above 0 (rejected at start)"""
     top_p: float = 1.0
     """validation nucleus mass when sampling"""
     top_k: int = -1
@@ -37,7 +37,7 @@ class RolloutConfig:
     name: str = "vllm"
     """engine: `vllm` or `hf` (transformers `generate`)"""
     temperature: float = 1.0
-    """sampling temperature in training (it also divides the logits of the log-prob passes)"""
+    """sampling temperature in training (it also divides the logits of the log-prob passes, so > 0)"""
     top_k: int = -1
     """top-k in training (-1: off)"""
     top_p: float = 0.95
