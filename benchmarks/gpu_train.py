@@ -11,7 +11,7 @@ batch of ``--rows`` rows is built with a realistic length spread:
 Configurations run on the same batch, each one warm-up step then ``--steps`` timed steps:
 
 * ``actor_packed``: ``DataParallelPPOActor.update_policy`` (verl/workers/actor/dp_actor.py) on an
-  FSDP2 model (verl/utils/fsdp_utils.apply_fsdp2, a world of one rank: nccl on GPU, gloo on CPU;
+  FSDP2 model (``verl.utils.fsdp_utils.apply_fsdp2``, a world of one rank: nccl on GPU, gloo on CPU;
   bf16 params / fp32 reduce on GPU), gradient checkpointing, AdamW, ``use_remove_padding=True``
   with ``use_dynamic_bsz`` micro-batches of at most ``--max_token_len`` tokens, packed into rows of
   at most ``--pack_row_len`` tokens (sdpa's block-diagonal mask costs O(row_len^2)), log-probs and

@@ -1,4 +1,4 @@
-"""The PPO/GRPO trainer loop on the single controller: the seven lines of DESIGN.md's step.
+"""The PPO/GRPO trainer loop on the single controller: the seven lines of the step in docs/architecture.md.
 
 Everything else lives in sibling modules: ``stages`` (grouping, rewards, advantages),
 ``rollout_adapter`` (the worker group as an engine), ``metric_utils``, ``validation``,

@@ -1,8 +1,8 @@
-"""The stages of one PPO/GRPO step as small functions over a DataProto (DESIGN.md's flow).
+"""The stages of one PPO/GRPO step as small functions over a DataProto (the flow in docs/architecture.md).
 
 Each function does one line of the step: expand prompts into groups, score responses, turn
 scores into rewards (optionally minus a KL penalty) and rewards into advantages. The trainer calls
-them in order; the tensor maths lives in ``core_algos``.
+them in order; the tensor maths lives in :mod:`verl.algorithms`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Read by :class:`verl.workers.actor.dp_actor.DataParallelPPOActor` and the actor worker. Batch sizes
 are global and counted in prompts (each expands to ``rollout.n`` rows), except ``*_per_gpu``; the
-per-rank numbers are derived by :func:`verl.workers.batching.actor_batching`.
+per-rank numbers are derived by :func:`verl.workers.batching.actor_update_batching`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Settings of the rollout engine and its sampling (``actor_rollout_ref.rollout``).
 
 Read by :func:`verl.workers.rollout.build_rollout_engine` (engine construction) and
-:func:`verl.workers.rollout.sampling.sampling_params` (per-turn sampling); the ``log_prob_*`` keys
+:func:`verl.trainer.ppo.rollout_adapter.sampling_params` (per-turn sampling); the ``log_prob_*`` keys
 size the actor's ``old_log_probs`` pass.
 """
 
