@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -60,9 +61,12 @@ class SumWorker(Worker):
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def exit_on_rank(self, bad_rank: int) -> int:
+    def exit_on_rank_while_others_wait(self, bad_rank: int, release_path: str) -> int:
+        """``bad_rank`` exits; the others return only once ``release_path`` exists."""
         if self.rank == bad_rank:
             os._exit(3)
+        while not os.path.exists(release_path):
+            time.sleep(0.05)
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
