@@ -99,13 +99,13 @@ def test_raising_worker_names_rank_method_and_traceback(sum_group):
 
 def test_killed_worker_surfaces_without_waiting_for_the_other_ranks(cpu_pool, tmp_path):
     """Rank 1 dies while rank 0 can only return after the test releases it, which it does only once
-    the error arrived: the death is reported as such (not as a timeout), ahead of rank 0's result."""
-    group = RayWorkerGroup(cpu_pool, RayClassWithInitArgs(SumWorker), name_prefix="die", timeout_s=3600)
+    the error arrived: the death is reported as such, ahead of rank 0's result. A group that waited
+    for every rank would end in WorkerTimeoutError (not a WorkerDiedError) after timeout_s."""
+    group = RayWorkerGroup(cpu_pool, RayClassWithInitArgs(SumWorker), name_prefix="die", timeout_s=600)
     release = tmp_path / "release"
     try:
         with pytest.raises(WorkerDiedError) as info:
             group.exit_on_rank_while_others_wait(1, str(release))
-        assert not isinstance(info.value, WorkerTimeoutError)
         assert info.value.rank == 1 and "exit_on_rank_while_others_wait" in str(info.value)
     finally:
         release.touch()
