@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 
@@ -44,6 +45,23 @@ from verl.protocol import DataProto
 from verl.utils.aio import in_event_loop, run_coroutine
 from verl.workers.rollout.base import RolloutOutput, SamplingParams
 from verl.workers.rollout.config import ROLLOUT_MODES as MODES
+
+
+@dataclass(frozen=True)
+class TurnProgress:
+    """Where a sync rollout stands after one of its turns (what ``run_llm_loop``'s ``on_turn`` gets).
+
+    Attributes:
+        turn: turns done (1 after the first).
+        max_turns: turns a row can take at most (``max_turns`` search rounds + the final one).
+        rows: rows of the batch.
+        active: rows still generating (the others answered or ended).
+    """
+
+    turn: int
+    max_turns: int
+    rows: int
+    active: int
 
 
 @dataclass
@@ -108,7 +126,8 @@ class LLMGenerationManager:
         self._rows_seeded = 0  # async mode: rows given seeds so far (each row gets seeds of its own)
 
     # ---- the loop ---------------------------------------------------------------------------
-    def run_llm_loop(self, batch: DataProto, params: SamplingParams) -> DataProto:
+    def run_llm_loop(self, batch: DataProto, params: SamplingParams,
+                     on_turn: Callable[[TurnProgress], None] | None = None) -> DataProto:
         """Roll out every row of ``batch``; see the module docstring for the rules.
 
         Args:
@@ -116,6 +135,8 @@ class LLMGenerationManager:
                 non-tensor column (preferred when present).
             params: sampling parameters; ``n`` must be 1 (repeat the batch for several samples) and
                 ``stop`` is replaced by ``</search>``, ``</answer>``.
+            on_turn: called after every turn of the sync mode with a :class:`TurnProgress` (progress
+                of a long rollout; the async mode has no common turns and does not call it).
         Returns:
             DataProto with ``prompts (B, P)``, ``responses``/``response_mask``/``rollout_log_probs``
             ``(B, R=max_response_length)``, ``input_ids``/``attention_mask``/``position_ids``
@@ -136,7 +157,7 @@ class LLMGenerationManager:
         if self.config.mode == "async":
             timing = self._run_async(rows, params, self._row_seeds(batch, params, len(rows)))
         else:
-            timing = self._run_sync(rows, params)
+            timing = self._run_sync(rows, params, on_turn)
         output = self._to_dataproto(rows, width)
         total = time.perf_counter() - start
         busy = timing.get("rollout_s", timing["generation_s"] + timing["retrieval_s"])
@@ -145,7 +166,8 @@ class LLMGenerationManager:
         output.meta_info["timing"] = dict(timing)
         return output
 
-    def _run_sync(self, rows: list[Trajectory], params: SamplingParams) -> dict[str, float]:
+    def _run_sync(self, rows: list[Trajectory], params: SamplingParams,
+                  on_turn: Callable[[TurnProgress], None] | None = None) -> dict[str, float]:
         """Search-R1's turn loop over all active rows at once."""
         self.timing = {"generation_s": 0.0, "retrieval_s": 0.0}
         for turn in range(self.config.max_turns + 1):
@@ -154,6 +176,9 @@ class LLMGenerationManager:
                 break
             outputs = self._generate(active, params)
             self._step(active, outputs, final=turn == self.config.max_turns)
+            if on_turn is not None:
+                on_turn(TurnProgress(turn + 1, self.config.max_turns + 1, len(rows),
+                                     sum(row.active for row in rows)))
         if self.config.close_with_eos:
             self._close_answers(rows, params)
         return self.timing

@@ -53,6 +53,7 @@ def test_embedded_default_end_to_end(embedded_run):
     result, out, url = embedded_run
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert "validation: 100%" in result.stderr and "7/7" in result.stderr  # the progress bar over questions
+    assert "batch 1, turn 1/" in result.stderr and "rows generating" in result.stderr  # ... moved on every turn
     with pytest.raises(httpx.HTTPError):  # the retriever evaluate.sh started is stopped again
         httpx.post(url, json={"queries": ["x"], "topk": 1}, timeout=2)
 

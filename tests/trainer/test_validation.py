@@ -47,7 +47,7 @@ def dataset(tokenizer, tmp_path_factory):
     return RLHFDataset(str(path), tokenizer, max_prompt_length=512)
 
 
-def _validate(dataset, tokenizer, batch_size: int, dump_dir=None) -> dict:
+def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, progress: bool = False) -> dict:
     prompts = [dataset[i]["raw_prompt_ids"] for i in range(len(dataset))]
     scripts = [[f"<answer> {i} </answer>"] if i == FINISHED_ROW else ["<search> number </search>", "<search> a number </search>"]
                for i in range(len(dataset))]
@@ -57,13 +57,13 @@ def _validate(dataset, tokenizer, batch_size: int, dump_dir=None) -> dict:
     manager = LLMGenerationManager(tokenizer, engine, config)
     params = SamplingParams(temperature=0.0, max_tokens=32)
 
-    def generate(batch):  # what RayPPOTrainer.validate passes
+    def generate(batch, on_turn=None):  # what RayPPOTrainer.validate passes
         batch = stages.expand_groups(batch, 1)
-        return stages.carry_row_fields(batch, manager.run_llm_loop(batch, params))
+        return stages.carry_row_fields(batch, manager.run_llm_loop(batch, params, on_turn=on_turn))
 
     batches = iterate_in_order(dataset, collate_fn, batch_size)
     return run_validation(batches, generate, RewardManager(tokenizer), tokenizer, dump_dir=dump_dir,
-                          global_step=3, progress=False)
+                          global_step=3, progress=progress)
 
 
 def test_uneven_batches_weigh_every_question_once(dataset, tokenizer, tmp_path):
@@ -98,3 +98,15 @@ def test_question_of_reads_the_template_field():
     text = "<|im_start|>user\n" + make_prefix("who wrote hamlet") + "<|im_end|>\n<|im_start|>assistant\n"
     assert question_of(text) == "who wrote hamlet?"
     assert question_of("a prompt without the marker ") == "a prompt without the marker"
+
+
+def test_progress_shows_each_turn_of_a_batch(dataset, tokenizer, capsys, monkeypatch):
+    """One batch of 101 questions in two turns: after turn 1 the answering row counts as done and
+    100 rows are still generating; the bar then reaches 101/101 (with its time estimate)."""
+    monkeypatch.setenv("COLUMNS", "250")  # the bar's width when stderr is no terminal
+    _validate(dataset, tokenizer, batch_size=NUM_ROWS, progress=True)
+    updates = [part for line in capsys.readouterr().err.splitlines() for part in line.split("\r") if part.strip()]
+    turn_1 = [u for u in updates if "batch 1, turn 1/2: 100 rows generating" in u]
+    assert turn_1 and "1/101" in turn_1[-1], updates
+    assert any("101/101" in u and "batch 1, turn 2/2: 0 rows generating" in u for u in updates), updates
+    assert all("<" in u for u in turn_1)  # tqdm's elapsed<remaining estimate

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from search_r1.prompts import ENVIRONMENT_TEXT
 from verl.trainer.ppo import checkpointing
@@ -221,27 +222,34 @@ class FSDPSFTTrainer:
         return lora.export_merged(state, inner.config, folder, scaling=scaling, tokenizer=self.tokenizer)
 
     def fit(self, tracker=None) -> dict:
-        """Train for ``total_steps()``; validate/save per ``test_freq``/``save_freq`` and at the end."""
+        """Train for ``total_steps()``; validate/save per ``test_freq``/``save_freq`` and at the end.
+
+        Rank 0 shows a progress bar over the steps (steps done, time per step, time left).
+        """
         trainer, data = self.config.trainer, self.config.data
         total, metrics = self.total_steps(), {}
         generator = torch.Generator().manual_seed(trainer.seed)
-        while self.global_step < total:
-            n = len(self.train_dataset)
-            order = torch.randperm(n, generator=generator).tolist() if data.shuffle else list(range(n))
-            for start in range(0, n - data.train_batch_size + 1, data.train_batch_size):
-                if self.global_step >= total:
-                    break
-                started = time.perf_counter()
-                metrics = self.training_step(self._rank_share(order[start:start + data.train_batch_size]))
-                self.global_step += 1
-                metrics["train/step_time_s"] = time.perf_counter() - started
-                last = self.global_step == total
-                if self.val_dataset is not None and (last or _due(self.global_step, trainer.test_freq)):
-                    metrics.update(self.validate())
-                if tracker is not None and self.rank == 0:
-                    tracker.log(metrics, step=self.global_step)
-                if last or _due(self.global_step, trainer.save_freq):
-                    metrics["checkpoint"] = str(self.save_checkpoint())
+        with tqdm(total=total, initial=self.global_step, desc="sft", unit="step", disable=self.rank != 0,
+                  dynamic_ncols=True) as bar:
+            while self.global_step < total:
+                n = len(self.train_dataset)
+                order = torch.randperm(n, generator=generator).tolist() if data.shuffle else list(range(n))
+                for start in range(0, n - data.train_batch_size + 1, data.train_batch_size):
+                    if self.global_step >= total:
+                        break
+                    started = time.perf_counter()
+                    metrics = self.training_step(self._rank_share(order[start:start + data.train_batch_size]))
+                    self.global_step += 1
+                    metrics["train/step_time_s"] = time.perf_counter() - started
+                    last = self.global_step == total
+                    if self.val_dataset is not None and (last or _due(self.global_step, trainer.test_freq)):
+                        metrics.update(self.validate())
+                    if tracker is not None and self.rank == 0:
+                        tracker.log(metrics, step=self.global_step)
+                    if last or _due(self.global_step, trainer.save_freq):
+                        metrics["checkpoint"] = str(self.save_checkpoint())
+                    bar.set_postfix(loss=f"{metrics.get('train/loss', float('nan')):.3f}")
+                    bar.update(1)
         return metrics
 
 

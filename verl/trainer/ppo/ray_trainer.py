@@ -77,9 +77,10 @@ class RayPPOTrainer:
         return metrics
 
     # ------------------------------------------------------------------------------ step helpers
-    def generate(self, batch, params):
-        """Multi-turn generation with search on the controller; keeps the prompt rows' fields."""
-        return stages.carry_row_fields(batch, self.manager.run_llm_loop(batch, params))
+    def generate(self, batch, params, on_turn=None):
+        """Multi-turn generation with search on the controller; keeps the prompt rows' fields.
+        ``on_turn``: the generation manager's per-turn progress callback (sync mode)."""
+        return stages.carry_row_fields(batch, self.manager.run_llm_loop(batch, params, on_turn=on_turn))
 
     def compute_log_probs_and_values(self, batch, timings: dict, metrics: dict) -> None:
         w = self.workers
@@ -141,9 +142,9 @@ class RayPPOTrainer:
         return metrics
 
     def validate(self) -> dict[str, float]:
-        def generate(batch):
+        def generate(batch, on_turn=None):
             batch = stages.expand_groups(batch, self.config.actor_rollout_ref.rollout.val_kwargs.n)
-            return self.generate(batch, self.val_params)
+            return self.generate(batch, self.val_params, on_turn)
 
         return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer,
                               dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step)

@@ -32,10 +32,12 @@ def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, t
 
     Args:
         batches: DataProto prompt batches (file order); a ``num_rows`` attribute sizes the progress bar.
-        generate: prompt batch -> generated batch (the trainer's greedy multi-turn rollout).
+        generate: ``generate(batch, on_turn=callback)`` -> generated batch (the trainer's greedy
+            multi-turn rollout; ``callback`` takes the generation manager's per-turn progress).
         reward_fn: the validation reward manager (``return_dict=True`` call).
         dump_dir: folder for ``<global_step>.jsonl`` (one record per question); None to skip.
-        progress: show a progress bar over questions.
+        progress: show a progress bar over questions: questions done, the batch's turn and rows
+            still generating, and the time left at that pace (updated after every turn).
     Returns:
         ``val/*`` metrics, each a per-question statistic (:func:`validation_metrics`).
     """
@@ -51,11 +53,37 @@ def collect_records(batches: Iterable, generate: Callable, reward_fn: Callable, 
     records: list[dict] = []
     with tqdm(total=getattr(batches, "num_rows", None), desc="validation", unit="question",
               disable=not progress, dynamic_ncols=True) as bar:
-        for batch in batches:
-            generated = generate(batch)
+        for number, batch in enumerate(batches, 1):
+            shown = TurnBar(bar, number)
+            generated = generate(batch, on_turn=shown)
             records += batch_records(generated, reward_fn(generated, return_dict=True), tokenizer)
-            bar.update(len(generated))
+            shown.finish(len(generated))
     return records
+
+
+class TurnBar:
+    """Moves a questions bar along a batch's turns: rows that ended count as done at once.
+
+    Args:
+        bar: the ``tqdm`` bar over questions.
+        batch_number: shown with the turn (``batch 2, turn 3/4: 57 rows generating``).
+    """
+
+    def __init__(self, bar, batch_number: int) -> None:
+        self.bar, self.batch_number, self.done = bar, batch_number, 0
+
+    def __call__(self, progress) -> None:
+        """Take a :class:`search_r1.llm_agent.generation.TurnProgress`."""
+        self.bar.set_postfix_str(f"batch {self.batch_number}, turn {progress.turn}/{progress.max_turns}: "
+                                 f"{progress.active} rows generating", refresh=False)
+        self.bar.update(progress.rows - progress.active - self.done)
+        self.bar.refresh()  # every turn, however soon after the last one (tqdm skips updates within 0.1 s)
+        self.done = progress.rows - progress.active
+
+    def finish(self, rows: int) -> None:
+        """The batch is scored: all its ``rows`` are done."""
+        self.bar.update(rows - self.done)
+        self.done = rows
 
 
 def validation_metrics(records: list[dict]) -> dict[str, float]:
