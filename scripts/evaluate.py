@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +25,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "scripts"))
 
 import quickstart  # noqa: E402  (the training scripts' retriever start-up)
+
+from verl.trainer.run_exit import run_or_exit  # noqa: E402
+from verl.utils.signals import run_child  # noqa: E402
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
@@ -98,8 +100,8 @@ def main(argv=None) -> int:
     with quickstart.local_retriever(retriever):
         cmd = [sys.executable, "-m", "verl.trainer.main_eval", *defaults, *overrides]
         print("+ " + shlex.join(cmd), flush=True)
-        return subprocess.run(cmd, cwd=REPO).returncode
+        return run_child(cmd, cwd=REPO)  # main_eval stops itself on SIGINT/SIGTERM, then the retriever stops
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_or_exit(main))

@@ -16,6 +16,10 @@
    its log in ``<trainer.default_local_dir>/logs/retrieval_server.log`` (a temporary file, removed
    after a clean stop, when the overrides do not name that folder);
 4. runs ``python -m verl.trainer.main_ppo`` with the remaining ``key=value`` overrides.
+
+SIGINT/SIGTERM (Ctrl-C, ``kill``) are passed on to the step running (data scripts, warm start,
+trainer), which stops itself with one line; then the retriever is stopped and this script exits
+with the step's status (130, 143).
 """
 
 from __future__ import annotations
@@ -31,6 +35,9 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
+
+from verl.trainer.run_exit import run_or_exit
+from verl.utils.signals import run_child, stopped_by_signal
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,8 +63,13 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def run(cmd: list[str], **kwargs) -> None:
+    """Run a step to its end; a step stopped by SIGINT/SIGTERM (it said so) ends this script with its status."""
     print("+ " + shlex.join(cmd), flush=True)
-    subprocess.run(cmd, check=True, cwd=REPO, **kwargs)
+    returncode = run_child(cmd, cwd=REPO, **kwargs)
+    if stopped_by_signal(returncode):
+        raise SystemExit(returncode if returncode > 0 else 128 - returncode)
+    if returncode:
+        raise subprocess.CalledProcessError(returncode, cmd)
 
 
 def ensure_data(data_dir: Path, qa_dir: Path, train_sources: str = "hotpotqa",
@@ -187,8 +199,8 @@ def main(argv=None) -> int:
     with local_retriever(args, out / "logs" / "retrieval_server.log" if out else None):
         cmd = [sys.executable, "-m", "verl.trainer.main_ppo", *defaults, *overrides]
         print("+ " + shlex.join(cmd), flush=True)
-        return subprocess.run(cmd, cwd=REPO).returncode
+        return run_child(cmd, cwd=REPO)  # the trainer stops itself on SIGINT/SIGTERM, then the retriever stops
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_or_exit(main))

@@ -30,6 +30,8 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from verl.utils.signals import run_child, stopped_by_signal  # noqa: E402
+
 WARM_START_NAME = "smollm2-135m-search-sft-v2"  # bump when the recipe below changes
 # Sized for 2 shared CPU cores: 40 demonstrations whose observations are exactly what the embedded
 # RL default shows (retriever topk 3, cut to data.max_obs_length=128 tokens by the generation
@@ -76,7 +78,11 @@ def ensure_warm_start(force: bool = False, num_demos: int = NUM_DEMOS) -> str:
                    f"data.train_files={work}/data/train.jsonl", f"data.val_files={work}/data/val.jsonl",
                    f"trainer.default_local_dir={work}/ckpt", *SFT_OVERRIDES]
         print("warm start: " + " ".join(command), flush=True)
-        subprocess.run(command, check=True, cwd=ROOT)
+        returncode = run_child(command, cwd=ROOT)  # a SIGINT/SIGTERM stops the SFT step, which says so
+        if stopped_by_signal(returncode):
+            raise SystemExit(returncode if returncode > 0 else 128 - returncode)  # the temporary folder goes
+        if returncode:
+            raise subprocess.CalledProcessError(returncode, command)
         exported = sorted(Path(work, "ckpt").glob("global_step_*/huggingface"))[-1]
         tmp = target.with_name(target.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -180,4 +186,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from verl.trainer.run_exit import run_or_exit
+
+    run_or_exit(main)

@@ -98,7 +98,9 @@ def launch_server(server_args: list[str], host: str = "127.0.0.1", port: int | N
     cmd = [*entry, *server_args, "--host", host, "--port", str(port)]
     child_env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", **(env or {})}
     with log:  # the child holds its own descriptor
-        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env)
+        # its own session: a Ctrl-C in the terminal reaches the caller, which stops its users of the
+        # server first and then the server (ServerProcess.stop), not all of them at once
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True)
     server = ServerProcess(process, f"http://{host}:{port}", log.name, keep_log=log_path is not None)
     try:
         _wait_ready(server, startup_timeout)

@@ -115,6 +115,21 @@ class RefRole(Worker):
         return dist.get_world_size()
 
 
+class MemoryHog(Worker):
+    """Allocates host memory step by step, as a run that outgrows the machine does."""
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def grow(self, cap_gib: float, step_mib: int = 64) -> float:
+        """Hold ``step_mib`` more MiB every 50 ms (pages touched) up to ``cap_gib``; returns the GiB held."""
+        held, size = [], step_mib << 20
+        while len(held) * step_mib < cap_gib * 1024:
+            block = bytearray(size)
+            block[::4096] = b"\1" * (size // 4096)  # write every page: memory used, not only reserved
+            held.append(block)
+            time.sleep(0.05)
+        return len(held) * step_mib / 1024
+
+
 class BrokenInitWorker(Worker):
     def __init__(self) -> None:
         super().__init__()

@@ -90,3 +90,26 @@ def test_kill_during_save_keeps_previous_checkpoint(tmp_path):
     # The next save of the same step replaces the leftover temporary folder.
     checkpointing.save_checkpoint(root, 4, {}, _writer("step4"))
     assert checkpointing.find_latest(root) == root / "global_step_4"
+
+
+def test_signal_during_save_leaves_no_partial_checkpoint(tmp_path):
+    """A real SIGINT arrives while the workers' part of step 4 is written: the save stops
+    (RunStopped), and once the writer is done the partial folder is discarded; step 2 stays latest."""
+    from verl.utils.signals import RunStopped, stop_on_signals
+
+    def save_interrupted(folder: Path) -> None:
+        (folder / "actor").mkdir()
+        (folder / "actor" / "model.txt").write_text("partial")
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(30)  # the signal's handler raises before this ends
+
+    checkpointing.save_checkpoint(tmp_path, 2, {}, _writer("step2"))
+    with pytest.raises(RunStopped):
+        with stop_on_signals():
+            checkpointing.save_checkpoint(tmp_path, 4, {}, save_interrupted)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # stop_on_signals leaves them ignored after a stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert (tmp_path / ".global_step_4.tmp").is_dir()  # what a save cut short leaves ...
+    assert checkpointing.discard_partial(tmp_path, 4) == [tmp_path / ".global_step_4.tmp"]  # ... until discarded
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_2", checkpointing.LATEST_FILE]
+    assert checkpointing.find_latest(tmp_path) == tmp_path / "global_step_2"

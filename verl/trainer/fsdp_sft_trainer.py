@@ -35,6 +35,7 @@ from tqdm import tqdm
 
 from search_r1.prompts import ENVIRONMENT_TEXT
 from verl.trainer.ppo import checkpointing
+from verl.trainer.run_exit import run_or_exit
 from verl.trainer.sft_config import SFTConfig
 from verl.utils import fsdp_utils, lora
 from verl.utils.checkpoint.fsdp_checkpoint_manager import FSDPCheckpointManager
@@ -302,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ConfigError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    run_sft(config)
+    run_or_exit(lambda: run_sft(config))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from typing import Sequence
 
 from verl.trainer.evaluation import inputs, report
 from verl.trainer.ppo.config import PPOConfig
+from verl.trainer.run_exit import run_or_exit
 from verl.utils.config import replace_key
 
 REPO = Path(__file__).resolve().parents[2]
@@ -155,7 +156,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # The message names the culprit (key, file, URL); a traceback would only hide it.
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
-    run_eval(cfg, data_files)
+    run_or_exit(lambda: run_eval(cfg, data_files),
+                stopped=lambda: ": workers and Ray shut down; the evaluation was not written")
 
 
 if __name__ == "__main__":

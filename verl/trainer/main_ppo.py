@@ -4,7 +4,8 @@ The overrides are Hydra's grammar over ``config/ppo_trainer.yaml`` (:mod:`verl.t
 :func:`verl.trainer.ppo.config.load_config` names an unknown key, a wrong type or a bad combination
 in one line, before Ray starts or any model is loaded (exit status 2); so do a model path that is
 no model folder and a missing data file (:func:`check_paths`). A finished run ends with where its
-outputs are (:func:`verl.trainer.ppo.run_summary.closing_summary`).
+outputs are (:func:`verl.trainer.ppo.run_summary.closing_summary`); a run stopped by SIGINT/SIGTERM
+or by Ray's memory monitor ends with one line saying so (:mod:`verl.trainer.run_exit`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from verl.trainer.ppo.config import PPOConfig, load_config
 from verl.trainer.ppo.config_check import needs_critic
 from verl.trainer.evaluation.inputs import check_retriever
 from verl.trainer.ppo.run_summary import closing_summary
+from verl.trainer.run_exit import run_or_exit
 from verl.utils.config import ConfigError
 from verl.utils.model_path import check_model_path
 
@@ -77,10 +79,20 @@ def main(argv: Sequence[str] | None = None, defaults: Sequence[str] = ()) -> Non
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
     try:
-        run_ppo(config)
+        run_or_exit(lambda: run_ppo(config), stopped=lambda: after_stop(config))
     except ConfigError as error:  # raised while loading the data, before any worker starts
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
+
+
+def after_stop(config: PPOConfig) -> str:
+    """The rest of the line a stopped run ends with: what was shut down and where to resume from."""
+    from verl.trainer.ppo.checkpointing import find_latest
+
+    latest = find_latest(config.trainer.default_local_dir)
+    where = (f"the latest checkpoint is {latest} (the same command resumes from it)" if latest is not None
+             else "no checkpoint was written")
+    return f": workers and Ray shut down; {where}"
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ from verl.single_controller.base.worker_group import (
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
+    WorkerOutOfMemoryError,
     WorkerTimeoutError,
 )
 
@@ -19,6 +20,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",
+    "WorkerOutOfMemoryError",
     "WorkerTimeoutError",
     "create_colocated_worker_cls",
     "register",

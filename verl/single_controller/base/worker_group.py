@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import re
 from typing import Any, Callable
 
 from verl.single_controller.base.decorator import CallPlan, MethodSpec, collect_results, get_method_spec, plan_calls
@@ -29,6 +30,43 @@ class WorkerError(RuntimeError):
 
 class WorkerDiedError(WorkerError):
     """The rank's process exited (killed, ``os._exit``, out of memory) during a call."""
+
+
+class WorkerOutOfMemoryError(WorkerDiedError):
+    """The machine ran low on memory and Ray's memory monitor killed the rank's process.
+
+    ``detail`` is Ray's report (the node's memory use against ``RAY_memory_usage_threshold``, the
+    process it killed, the largest processes); :meth:`facts` picks the figures out of it.
+    """
+
+    def __init__(self, rank: int, method: str, detail: str) -> None:
+        super().__init__(rank, method, detail)
+        self.detail = detail
+
+    def facts(self) -> dict[str, str]:
+        """The figures of Ray's report, those it has: ``node_used``, ``node_total`` (e.g. ``"22.9GB"``),
+        ``threshold`` (percent of the total), ``worker_used`` (the killed process), ``largest_other``
+        (the biggest other process: pid, GB, command)."""
+        found = {}
+        for pattern in (_RAY_NODE_MEMORY, _RAY_THRESHOLD, _RAY_KILLED):
+            match = pattern.search(self.detail)
+            if match:
+                found.update(match.groupdict())
+        killed = re.search(r"pid=(\d+)", self.detail[self.detail.find("Selected to kill"):])
+        for line in self.detail[self.detail.find("Top 10 memory users"):].splitlines()[1:]:
+            fields = line.split("\t")
+            if len(fields) == 3 and fields[0].isdigit() and (killed is None or fields[0] != killed.group(1)):
+                found["largest_other"] = f"pid {fields[0]} ({fields[2][:60].rstrip('.')}) {fields[1]}GB"
+                break
+        return found
+
+
+# Ray 2.60's OutOfMemoryError text: "Memory on the node (IP: ..., ID: ...) was 22.90GB used / 23.54GB
+# limit (0.97)", "exceeded threshold of 22363004108B (95.0% of ...B limit)", "Selected to kill: (Actor(...):
+# ..., pid=123, actual memory used=4.90GB, ...)", then "Top 10 memory users: PID\tMEM(GB)\tCOMMAND" rows.
+_RAY_NODE_MEMORY = re.compile(r"was (?P<node_used>[\d.]+[KMGT]?B) used / (?P<node_total>[\d.]+[KMGT]?B) limit")
+_RAY_THRESHOLD = re.compile(r"exceeded threshold of \d+B \((?P<threshold>[\d.]+)% of")
+_RAY_KILLED = re.compile(r"actual memory used=(?P<worker_used>[\d.]+[KMGT]?B)")
 
 
 class WorkerTimeoutError(WorkerError, TimeoutError):

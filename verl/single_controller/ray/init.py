@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from typing import Any
 
 import ray
@@ -37,7 +39,8 @@ def init_ray(
         address: an existing cluster (``"auto"`` or ``"host:port"``); ``None`` starts a local one.
         ray_init_kwargs: passed to ``ray.init`` (e.g. ``object_store_memory``, ``namespace``).
 
-    The dashboard is off (it costs a process and memory) and worker logs go to the driver.
+    The dashboard is off (it costs a process and memory) and worker logs go to the driver. A SIGTERM
+    handler the caller installed stays in place.
     """
     if ray.is_initialized():
         return
@@ -51,6 +54,8 @@ def init_ray(
     }
     if address is None and num_cpus is None:
         num_cpus = os.cpu_count() or 1
+    main_thread = threading.current_thread() is threading.main_thread()
+    sigterm_handler = signal.getsignal(signal.SIGTERM) if main_thread else None
     ray.init(
         address=address,
         num_cpus=num_cpus if address is None else None,
@@ -59,3 +64,7 @@ def init_ray(
         runtime_env=runtime_env,
         **ray_init_kwargs,
     )
+    if callable(sigterm_handler):
+        # ray.init replaces the SIGTERM handler with a bare sys.exit; keep the caller's (the
+        # entry points' clean stop, verl.utils.signals.stop_on_signals)
+        signal.signal(signal.SIGTERM, sigterm_handler)

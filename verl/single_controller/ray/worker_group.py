@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import time
 import uuid
 from typing import Any, Callable
 
 import ray
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import GetTimeoutError, OutOfMemoryError, RayActorError, RayTaskError
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl.single_controller.base.decorator import CallPlan
@@ -17,6 +19,7 @@ from verl.single_controller.base.worker_group import (
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
+    WorkerOutOfMemoryError,
     WorkerTimeoutError,
     role_classes_of,
 )
@@ -51,7 +54,8 @@ class RayWorkerGroup(WorkerGroup):
         init_timeout_s: longest wait for placement and worker construction.
 
     Errors: a worker that raises gives :class:`WorkerError` (rank, method, remote traceback); a
-    worker process that dies gives :class:`WorkerDiedError` as soon as Ray notices; no result
+    worker process that dies gives :class:`WorkerDiedError` as soon as Ray notices (its subclass
+    :class:`WorkerOutOfMemoryError` when Ray's memory monitor killed it); no result
     within ``timeout_s`` gives :class:`WorkerTimeoutError`. The first failing rank is reported
     without waiting for the others.
     """
@@ -133,15 +137,47 @@ class RayWorkerGroup(WorkerGroup):
         return results
 
     def shutdown(self, release_resources: bool = False) -> None:
-        """Kills the rank actors (shared with any spawned views); optionally frees the placement groups."""
+        """Kills the rank actors (shared with any spawned views) and waits until their processes on
+        this node are gone; optionally frees the placement groups.
+
+        ``ray.kill`` only asks Ray to end an actor: a rank holding gigabytes could outlive the
+        trainer by many seconds and keep that memory from the next run.
+        """
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
+        _wait_until_gone(list(getattr(self, "pids", {}).values()))
         if release_resources:
             self.resource_pool.release()
 
 
 _ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _is_rank_process(pid: int) -> bool:
+    """Whether ``pid`` is a live (not zombie) Ray worker process on this node (Linux ``/proc``)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            command = handle.read()
+    except (OSError, IndexError):
+        return False
+    return state != b"Z" and command.startswith(b"ray::")
+
+
+def _wait_until_gone(pids: list[int], grace_s: float = 30.0) -> None:
+    """Wait for killed rank processes of this node to exit; SIGKILL those still there after ``grace_s``."""
+    deadline = time.monotonic() + grace_s
+    alive = [pid for pid in pids if _is_rank_process(pid)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.1)
+        alive = [pid for pid in alive if _is_rank_process(pid)]
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _get_one(ref: ray.ObjectRef, rank: int, method: str) -> Any:
@@ -150,6 +186,8 @@ def _get_one(ref: ray.ObjectRef, rank: int, method: str) -> Any:
     except RayTaskError as error:  # the method raised; WorkerHost.call attached its traceback
         detail = getattr(error.cause, "remote_traceback", None) or _ANSI_ESCAPE.sub("", str(error))
         raise WorkerError(rank, method, detail) from None
+    except OutOfMemoryError as error:  # Ray's memory monitor killed the process (this call's and later ones)
+        raise WorkerOutOfMemoryError(rank, method, str(error)) from None
     except RayActorError as error:  # the process is gone
         raise WorkerDiedError(rank, method, f"worker process died: {error}") from None
     except GetTimeoutError:  # ray.wait said ready; treat a race as a hang

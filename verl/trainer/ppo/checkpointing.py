@@ -13,7 +13,10 @@ Layout (veRL's, so its tools find it)::
 Why atomic: a crash while saving must never leave a folder that looks complete. Everything is
 written under ``.global_step_N.tmp``; ``trainer_state.json`` is written last; then the folder is
 renamed (one ``rename`` on one file system) and only then the pointer is replaced (``os.replace``).
-A folder without ``trainer_state.json`` or with a ``.tmp`` name is never resumed from.
+A folder without ``trainer_state.json`` or with a ``.tmp`` name is never resumed from, and
+:func:`discard_partial` removes the leftovers of a save that was cut short once no worker writes
+any more (a run stopped by a signal during a save ends with the previous checkpoint as the latest,
+and nothing half written).
 """
 
 from __future__ import annotations
@@ -90,6 +93,21 @@ def save_checkpoint(root: str | os.PathLike, step: int, trainer_state: dict,
     if max_to_keep is not None and max_to_keep > 0:
         prune(root, max_to_keep)
     return final
+
+
+def discard_partial(root: str | os.PathLike, step: int) -> list[Path]:
+    """Delete what an interrupted :func:`save_checkpoint` of ``step`` left under ``root`` (its
+    ``.global_step_N.tmp`` folder, a temporary pointer file); call it only once no worker writes
+    there any more. Returns what was deleted."""
+    root = Path(root)
+    partial = [path for path in (root / f".{step_dir(root, step).name}.tmp", root / f"{LATEST_FILE}.tmp")
+               if path.exists()]
+    for path in partial:
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return partial
 
 
 def prune(root: str | os.PathLike, max_to_keep: int) -> list[Path]:

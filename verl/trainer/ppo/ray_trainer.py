@@ -51,6 +51,7 @@ class RayPPOTrainer:
         self.val_params = sampling_params(rollout_cfg, data_cfg.max_response_length, validate=True)
         self.peak_flops = metric_utils.device_peak_flops(config.trainer.device_peak_flops)
         self.global_step = 0
+        self.unfinished_save: int | None = None  # the step of a save that an exception cut short
 
     # ----------------------------------------------------------------------------------- the step
     def step(self, batch) -> dict[str, float]:
@@ -120,16 +121,15 @@ class RayPPOTrainer:
             self.tracker.log(metrics, step=self.global_step)
         if trainer_cfg.val_only:
             return metrics
-        bar = tqdm(total=self.total_steps, initial=self.global_step, desc="training", dynamic_ncols=True)
-        while self.global_step < self.total_steps:
-            batch = self.train_loader.next_batch()
-            self.global_step += 1
-            metrics = self.step(batch)
-            metrics.update(self.periodic(self.global_step == self.total_steps))
-            self.tracker.log(metrics, step=self.global_step)
-            bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
-            bar.update(1)
-        bar.close()
+        with tqdm(total=self.total_steps, initial=self.global_step, desc="training", dynamic_ncols=True) as bar:
+            while self.global_step < self.total_steps:
+                batch = self.train_loader.next_batch()
+                self.global_step += 1
+                metrics = self.step(batch)
+                metrics.update(self.periodic(self.global_step == self.total_steps))
+                self.tracker.log(metrics, step=self.global_step)
+                bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
+                bar.update(1)
         return metrics
 
     def periodic(self, last: bool) -> dict[str, float]:
@@ -161,8 +161,12 @@ class RayPPOTrainer:
                 w.actor_rollout.export_hf(str(folder / "huggingface"))
 
         state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value)}
-        checkpointing.save_checkpoint(trainer_cfg.default_local_dir, self.global_step, state, save_workers,
-                                      max_to_keep=trainer_cfg.max_actor_ckpt_to_keep)
+        try:
+            checkpointing.save_checkpoint(trainer_cfg.default_local_dir, self.global_step, state, save_workers,
+                                          max_to_keep=trainer_cfg.max_actor_ckpt_to_keep)
+        except BaseException:  # e.g. a Ctrl-C: the workers may still be writing; shutdown() discards it
+            self.unfinished_save = self.global_step
+            raise
 
     def resume(self) -> None:
         """Load the checkpoint chosen by ``trainer.resume_mode`` (workers, data position, KL, RNG)."""
@@ -180,8 +184,11 @@ class RayPPOTrainer:
         print(f"resumed from {path} at global step {self.global_step}", flush=True)
 
     def shutdown(self) -> None:
+        """Close the loggers and stop the workers (and Ray); then drop what a save cut short left."""
         self.tracker.finish()
         self.workers.shutdown()
+        if self.unfinished_save is not None:
+            checkpointing.discard_partial(self.config.trainer.default_local_dir, self.unfinished_save)
 
 
 def _prefix(prefix: str, info: dict) -> dict[str, float]:

@@ -143,13 +143,18 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, list(cfg.trainer.logger),
                        cfg.trainer.log_dir, config=to_plain(cfg))
     workers = build_worker_groups(cfg, plan)
-    engine = WorkerGroupEngine(workers.actor_rollout, world_size=plan.data_parallel_size)
-    val_batch_size = cfg.data.val_batch_size
-    return RayPPOTrainer(
-        cfg, plan, tokenizer, workers, BatchLoader(train_set, collate_fn, sampler),
-        val_batches=lambda: iterate_in_order(val_set, collate_fn, val_batch_size),
-        generation_manager=build_generation_manager(cfg, tokenizer, engine, plan),
-        reward_fn=build_reward_fn(cfg, tokenizer, cfg.reward_model.num_examine),
-        val_reward_fn=build_reward_fn(cfg, tokenizer, 1),
-        kl_ctrl=algorithms.get_kl_controller(cfg.algorithm.kl_ctrl), tracker=tracker,
-        num_params=count_parameters(cfg.actor_rollout_ref.model.path))
+    try:
+        engine = WorkerGroupEngine(workers.actor_rollout, world_size=plan.data_parallel_size)
+        val_batch_size = cfg.data.val_batch_size
+        return RayPPOTrainer(
+            cfg, plan, tokenizer, workers, BatchLoader(train_set, collate_fn, sampler),
+            val_batches=lambda: iterate_in_order(val_set, collate_fn, val_batch_size),
+            generation_manager=build_generation_manager(cfg, tokenizer, engine, plan),
+            reward_fn=build_reward_fn(cfg, tokenizer, cfg.reward_model.num_examine),
+            val_reward_fn=build_reward_fn(cfg, tokenizer, 1),
+            kl_ctrl=algorithms.get_kl_controller(cfg.algorithm.kl_ctrl), tracker=tracker,
+            num_params=count_parameters(cfg.actor_rollout_ref.model.path))
+    except BaseException:  # e.g. a Ctrl-C here: the trainer that would stop the workers does not exist yet
+        workers.shutdown()
+        tracker.finish()
+        raise

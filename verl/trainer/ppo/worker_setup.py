@@ -79,12 +79,6 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = Fals
 
     roles = _role_specs(cfg, plan, rollout_only)
     group = _start_group(cfg, plan, create_colocated_worker_cls(roles))
-    groups = group.spawn(prefix_set=list(roles))
-    critic = groups.get("critic")
-    if critic is not None:
-        critic.init_model()
-    actor_rollout = groups["actor_rollout"]
-    actor_rollout.init_model()
 
     def shutdown() -> None:
         if hasattr(group, "shutdown"):
@@ -94,5 +88,14 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = Fals
 
             ray.shutdown()
 
+    groups = group.spawn(prefix_set=list(roles))
+    critic, actor_rollout = groups.get("critic"), groups["actor_rollout"]
+    try:
+        if critic is not None:
+            critic.init_model()
+        actor_rollout.init_model()
+    except BaseException:  # a failed or interrupted start leaves no worker process behind
+        shutdown()
+        raise
     ref = actor_rollout if plan.needs_reference and not rollout_only else None
     return WorkerHandles(actor_rollout=actor_rollout, ref=ref, critic=critic, shutdown=shutdown)
