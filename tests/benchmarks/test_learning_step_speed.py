@@ -33,6 +33,11 @@ def test_variants_are_the_learning_recipe_with_speed_settings_only(name, tmp_pat
     assert {o.split("=")[0] for o in bench.VARIANTS[name]["overrides"]} <= SPEED_KEYS
 
 
+def test_repeats_run_their_variant_under_their_own_name(tmp_path):
+    assert bench.base_name("after@2") == "after" and bench.base_name("after") == "after"
+    assert bench.variant_overrides("after@2", 3, tmp_path) == bench.variant_overrides("after", 3, tmp_path)
+
+
 def test_summaries_medians_ratios_and_hottest_frames(tmp_path):
     rows = [{"timing_s/step": s, "timing_s/gen": g} for s, g in ((10.0, 5.0), (12.0, 6.0), (14.0, 9.0))]
     assert bench.medians(rows)["step"] == {"median": 12.0, "min": 10.0, "max": 14.0, "n": 3}
@@ -77,4 +82,5 @@ def test_cpu_run_reports_per_phase_medians(tmp_path, tiny_qwen_path):
     for phase in ("gen", "gen_engine", "update_actor", "weight_sync", "step"):
         assert after["median"][phase]["n"] == 1 and after["median"][phase]["median"] >= 0, phase
     assert after["steps"][1]["num_micro_batches"] >= 1 and after["host_probe_ms"] > 0
+    assert after["steps"][1]["engine_calls"] >= 1 and after["steps"][1]["decode_steps"] >= 1
     assert report["meta"]["commit"] and report["meta"]["steps_per_variant"] == 2
