@@ -59,6 +59,12 @@ VARIANTS = {
     # retrieval per distinct query, vectorised padding, batched reward decode) and FlatLogprobs
     "after_693915d": {"tree": "693915d", "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
                                                        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"]},
+    # next candidates: eager layers (no ~45 s of compilation in step 1), 128k-token micro-batches
+    "after_eager": {"tree": None, "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
+                                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
+                                                "actor_rollout_ref.actor.use_torch_compile=false"]},
+    "after_128k": {"tree": None, "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
+                                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=131072"]},
     "after_unseeded": {"tree": None, "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
                                                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
                                                    "actor_rollout_ref.rollout.seed_per_request=false"]},

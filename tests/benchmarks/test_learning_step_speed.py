@@ -21,7 +21,7 @@ from verl.trainer.main_ppo import parse_config  # noqa: E402
 
 # What a variant may change: nothing of the loss, the data, the batch or the sampling distribution.
 SPEED_KEYS = {"actor_rollout_ref.rollout.free_cache_engine", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-              "actor_rollout_ref.rollout.seed_per_request"}
+              "actor_rollout_ref.rollout.seed_per_request", "actor_rollout_ref.actor.use_torch_compile"}
 
 
 @pytest.mark.parametrize("name", sorted(bench.VARIANTS))
