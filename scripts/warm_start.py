@@ -30,6 +30,7 @@ for _p in (str(ROOT), str(ROOT / "scripts")):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from verl.trainer.run_exit import run_or_exit  # noqa: E402
 from verl.utils.signals import run_child, stopped_by_signal  # noqa: E402
 
 WARM_START_NAME = "smollm2-135m-search-sft-v2"  # bump when the recipe below changes
@@ -186,6 +187,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    from verl.trainer.run_exit import run_or_exit
-
     run_or_exit(main)

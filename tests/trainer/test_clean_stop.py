@@ -46,11 +46,11 @@ class Run:
         for raw in iter(self.proc.stdout.readline, b""):
             self.lines += [part for part in raw.decode(errors="replace").rstrip("\n").split("\r") if part.strip()]
 
-    def wait_for_line(self, prefix: str, timeout: float) -> None:
+    def wait_for(self, text: str, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        while not any(line.startswith(prefix) for line in self.lines):
+        while not any(text in line for line in self.lines):
             assert self.proc.poll() is None, "run ended early:\n" + "\n".join(self.lines[-60:])
-            assert time.monotonic() < deadline, "no line " + prefix + ":\n" + "\n".join(self.lines[-60:])
+            assert time.monotonic() < deadline, "no " + text + ":\n" + "\n".join(self.lines[-60:])
             time.sleep(0.2)
 
     def processes(self) -> list[psutil.Process]:
@@ -91,7 +91,7 @@ def test_signal_stops_the_run_cleanly(signum, to_group, run_command):
     cmd, env, out = run_command
     run = Run(cmd, env)
     try:
-        run.wait_for_line("step:1 ", timeout=900)  # the console logger's line of step 1: it is training
+        run.wait_for("step:1 - ", timeout=900)  # the console logger's line of step 1: it is training
         processes = run.processes()
         assert any("ray::" in " ".join(p.cmdline()) for p in processes), [p.cmdline() for p in processes]
         assert any("retrieval_server" in " ".join(p.cmdline()) for p in processes)

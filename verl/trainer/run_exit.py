@@ -13,10 +13,11 @@ Ray is shut down here too, for work that stopped before it held its worker group
 
 from __future__ import annotations
 
+import signal
 import sys
 from typing import Callable, TypeVar
 
-from verl.utils.signals import RunStopped, stop_on_signals
+from verl.utils.signals import Received, RunStopped, stop_on_signals
 
 T = TypeVar("T")
 
@@ -39,10 +40,12 @@ def run_or_exit(work: Callable[[], T], stopped: Callable[[], str] = lambda: "") 
         SystemExit: 128 + signal after SIGINT/SIGTERM, :data:`EXIT_OUT_OF_MEMORY` after an
             out-of-memory kill.
     """
+    received = Received()
     try:
-        with stop_on_signals():
+        with stop_on_signals() as received:
             return work()
-    except RunStopped as stop:
+    except KeyboardInterrupt as interrupt:  # RunStopped, or what a library made of it (Ray's waits)
+        stop = interrupt if isinstance(interrupt, RunStopped) else RunStopped(received.signum or signal.SIGINT)
         _shutdown_ray()
         print(f"stopped by {stop.name}{stopped()}", file=sys.stderr, flush=True)
         sys.exit(stop.exit_code)

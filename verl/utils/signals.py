@@ -43,24 +43,35 @@ class RunStopped(KeyboardInterrupt):
         return 128 + self.signum
 
 
+class Received:
+    """The stop signal a :func:`stop_on_signals` block got (``signum`` None until one arrives).
+
+    Some libraries turn the exception a signal handler raises into one of their own (Ray's waits
+    raise a plain ``KeyboardInterrupt``), so the signal is recorded here as well.
+    """
+
+    signum: int | None = None
+
+
 @contextmanager
-def stop_on_signals() -> Iterator[None]:
+def stop_on_signals() -> Iterator[Received]:
     """Within the block, the first SIGINT/SIGTERM raises :class:`RunStopped`; any later one is ignored.
 
-    After a stop the handlers stay ignoring (the process is about to exit; a signal during its last
-    lines must not print a traceback); after a normal exit the previous handlers come back. Outside
-    the main thread (where Python cannot take signals) the block runs unchanged.
+    Yields the :class:`Received` record of that signal. After a stop the handlers stay ignoring (the
+    process is about to exit; a signal during its last lines must not print a traceback); after a
+    normal exit the previous handlers come back. Outside the main thread (where Python cannot take
+    signals) the block runs unchanged.
     """
+    received = Received()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield received
         return
     previous = {signum: signal.getsignal(signum) for signum in STOP_SIGNALS}
-    stopped = []
 
     def stop(signum, frame):
-        if stopped:  # a second signal, or one that arrived before the handlers below took effect
+        if received.signum is not None:  # a second signal, or one that came before SIG_IGN took effect
             return
-        stopped.append(signum)
+        received.signum = signum
         for other in STOP_SIGNALS:
             signal.signal(other, signal.SIG_IGN)
         raise RunStopped(signum)
@@ -68,9 +79,9 @@ def stop_on_signals() -> Iterator[None]:
     for signum in STOP_SIGNALS:
         signal.signal(signum, stop)
     try:
-        yield
+        yield received
     finally:
-        if not stopped:
+        if received.signum is None:
             for signum, handler in previous.items():
                 signal.signal(signum, handler)
 
