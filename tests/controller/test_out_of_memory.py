@@ -19,7 +19,9 @@ import pytest
 pytestmark = pytest.mark.slow
 
 HERE = Path(__file__).resolve().parent
-MARGIN_GIB, CAP_GIB = 0.75, 3.0  # the threshold sits MARGIN above the current use; the worker stops at CAP
+# The threshold sits MARGIN above the current use (Ray's own processes take ~1 GiB of it as they
+# start); the worker allocates until it is killed, or stops at CAP.
+MARGIN_GIB, CAP_GIB = 2.5, 4.5
 
 
 def _memory() -> tuple[int, int]:
@@ -48,6 +50,6 @@ def test_memory_monitor_kill_ends_the_run_in_one_line():
     line = errors[0]
     # During MemoryHog.grow, or already while the worker starts when other programs on this shared
     # machine took the margin in the meantime: either way the run ends in this one line.
-    assert re.match(r"error: out of memory: Ray's memory monitor killed worker rank 0 during \w+\.\w+", line), line
+    assert re.match(r"error: out of memory: Ray's memory monitor killed worker rank 0 during \S+ \(it held", line), line
     assert "this machine had" in line and "GB in use" in line and "run one at a time" in line
     assert "data.train_batch_size" in line

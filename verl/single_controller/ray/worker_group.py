@@ -101,7 +101,8 @@ class RayWorkerGroup(WorkerGroup):
         return actors
 
     def _init_workers(self, timeout_s: float) -> None:
-        master_addr, master_port = self._wait({0: self._actors[0].node_address.remote()}, "node_address", timeout_s)[0]
+        master_addr, master_port = self._wait({0: self._actors[0].node_address.remote()}, "WorkerHost.node_address",
+                                              timeout_s)[0]
         refs = {}
         for slot, actor in zip(self._slots, self._actors):
             env = {
