@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from verl.trainer.ppo import checkpointing, metric_utils, stages
+from verl.trainer.ppo import checkpointing, metric_utils, resume_check, stages
 from verl.trainer.ppo.validation import run_validation
 from verl.utils.timer import timer
 
@@ -37,12 +37,15 @@ class RayPPOTrainer:
     """PPO (``gae`` + critic) and GRPO (``grpo``, no critic) over multi-turn search rollouts."""
 
     def __init__(self, config, plan, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
-                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0):
-        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values)."""
+                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0,
+                 train_data: list[dict] | None = None):
+        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values); ``train_data``: what
+        the run trains on (:func:`~verl.trainer.ppo.resume_check.train_data_record`), kept in each checkpoint."""
         self.config, self.plan, self.tokenizer, self.workers = config, plan, tokenizer, workers
         self.train_loader, self.val_batches = train_loader, val_batches
         self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
         self.kl_ctrl, self.tracker, self.num_params = kl_ctrl, tracker, num_params
+        self.train_data = train_data
         self.total_steps = plan.total_training_steps
         from verl.trainer.ppo.rollout_adapter import sampling_params
 
@@ -159,7 +162,8 @@ class RayPPOTrainer:
             if trainer_cfg.export_hf:
                 w.actor_rollout.export_hf(str(folder / "huggingface"))
 
-        state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value)}
+        state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value),
+                 resume_check.RECORD_KEY: self.train_data}
         checkpointing.save_checkpoint(trainer_cfg.default_local_dir, self.global_step, state, save_workers,
                                       max_to_keep=trainer_cfg.max_actor_ckpt_to_keep)
 
