@@ -38,8 +38,8 @@ else
   # Without BASE_MODEL the model is SmolLM2 and without DATA_DIR the example data (data/example_search),
   # both prepared by scripts/quickstart.py after it has checked the configuration.
   export WARM_START=${WARM_START:-1}
-  EXPERIMENT_NAME=${EXPERIMENT_NAME:-example-grpo-smollm2}
   source scripts/embedded_cpu_args.sh
+  EXPERIMENT_NAME=${EXPERIMENT_NAME:-$EMBEDDED_GRPO_EXPERIMENT}
   ARGS=(
     data.train_batch_size=2 actor_rollout_ref.rollout.n=4
     actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size=4

@@ -202,3 +202,16 @@ def test_train_script_refuses_a_checkpoint_it_cannot_continue(tmp_path):
     result = _train_script(tmp_path, f"data.train_files={quick}", f"data.val_files={mine}", steps, CKPT_DIR=str(ckpt))
     assert "is already at global step 3 and this run trains to step 2: nothing to train" in _one_error_line(result)
     _built_nothing(tmp_path, result)
+
+
+def test_trainer_names_data_smaller_than_one_batch(tiny_qwen_path, tmp_path):
+    """A user's first JSONL (FlashRAG's form, read directly) with fewer questions than a batch."""
+    from .helpers import tiny_overrides
+
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"id": "0", "question": "who wrote hamlet", "golden_answers": ["William Shakespeare"]}\n')
+    overrides = tiny_overrides(tiny_qwen_path, {"train": str(train), "test": str(train)}, "http://127.0.0.1:9/retrieve",
+                               tmp_path / "run", "grpo")
+    line = _one_error_line(_run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "do_search=false"],
+                                timeout=300))
+    assert line == f"error: data.train_batch_size=3 is larger than the dataset (1 rows); data.train_files={train}"

@@ -143,8 +143,11 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
     tokenizer = load_tokenizer(cfg)
     train_set = build_dataset(cfg.data.train_files, tokenizer, cfg, cfg.data.train_data_num)
     val_set = build_dataset(cfg.data.val_files, tokenizer, cfg, cfg.data.val_data_num)
-    sampler = ResumableBatchSampler(len(train_set), cfg.data.train_batch_size,
-                                    shuffle=cfg.data.shuffle_train_dataloader, seed=cfg.data.seed)
+    try:
+        sampler = ResumableBatchSampler(len(train_set), cfg.data.train_batch_size,
+                                        shuffle=cfg.data.shuffle_train_dataloader, seed=cfg.data.seed)
+    except ValueError as error:  # fewer rows than one batch: the user's data or batch size
+        raise ConfigError(f"{error}; data.train_files={cfg.data.train_files}") from None
     plan = make_run_plan(cfg, sampler.batches_per_epoch)
     train_data = train_data_record(cfg.data.train_files)
     check_resume(cfg, train_data, plan.total_training_steps)
