@@ -184,7 +184,7 @@ def retriever_answers(url: str, timeout: float = 3.0) -> bool:
 def build_index(corpus: Path, index_dir: Path) -> None:
     """A BM25 index of ``corpus`` in ``index_dir``, built unless its ``DONE`` marker names this corpus."""
     done = index_dir / "DONE"
-    if done.exists() and done.read_text().strip() in ("ok", str(corpus)):  # "ok": written before the path was
+    if done.exists() and done.read_text().strip() == str(corpus):
         return
     run([sys.executable, "-m", "search_r1.search.index_builder", "--retrieval_method", "bm25",
          "--corpus_path", str(corpus), "--save_dir", str(index_dir)])

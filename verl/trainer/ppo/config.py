@@ -67,7 +67,8 @@ class TrainerConfig:
     default_local_dir: str = "verl_checkpoints/${.experiment_name}"
     """checkpoint root: `global_step_N/{actor,critic,huggingface}`, `latest_checkpointed_iteration.txt`"""
     resume_mode: str = "auto"
-    """`auto` (latest complete checkpoint), `disable`, or a `global_step_N` folder"""
+    """`auto` (latest complete checkpoint), `disable`, or a `global_step_N` folder; a checkpoint trained on other
+    data (`trainer_state.json` records the train files) or already at the target step stops the run at start"""
     max_actor_ckpt_to_keep: Optional[int] = None
     """keep at most N checkpoints, pruned as whole step folders (`null`: all)"""
     export_hf: bool = True
