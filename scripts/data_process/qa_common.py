@@ -34,7 +34,7 @@ if str(REPO_ROOT) not in sys.path:  # run as a plain script from any directory
     sys.path.insert(0, str(REPO_ROOT))
 
 from search_r1.prompts import TEMPLATES  # noqa: E402
-from search_r1.qa_rows import clean_answers, is_well_formed, make_row  # noqa: E402,F401  (re-exported)
+from search_r1.qa_rows import is_well_formed, make_row  # noqa: E402
 
 logger = logging.getLogger("qa_data")
 
