@@ -55,6 +55,16 @@ VARIANTS = {
                                                     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"]},
     "after": {"tree": None, "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
                                           "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"]},
+    # the speed settings on the code before the controller-side changes (observation cache, one
+    # retrieval per distinct query, vectorised padding, batched reward decode) and FlatLogprobs
+    "after_693915d": {"tree": "693915d", "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
+                                                       "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536"]},
+    # next candidates: eager layers (no ~45 s of compilation in step 1), 128k-token micro-batches
+    "after_eager": {"tree": None, "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
+                                                "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
+                                                "actor_rollout_ref.actor.use_torch_compile=false"]},
+    "after_128k": {"tree": None, "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
+                                               "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=131072"]},
     "after_unseeded": {"tree": None, "overrides": ["actor_rollout_ref.rollout.free_cache_engine=false",
                                                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
                                                    "actor_rollout_ref.rollout.seed_per_request=false"]},
@@ -63,13 +73,18 @@ PHASES = ("gen", "gen_engine", "retrieval", "reward", "old_log_prob", "ref", "ad
           "release_memory", "weight_sync", "step")
 
 
+def base_name(name: str) -> str:
+    """``NAME@K`` (the K-th repeat of a variant, reported under its own key) -> ``NAME``."""
+    return name.split("@", 1)[0]
+
+
 def variant_overrides(name: str, steps: int, log_dir: Path, profile: str = "gpu") -> list[str]:
     """The learning recipe (as learning_run.py trains it) + the variant's speed settings."""
     return [*learning_run.TRAIN[profile], *learning_run.ROLLOUT[profile], *learning_check.FORMAT_REWARD,
-            *VARIANTS[name]["overrides"], f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+            *VARIANTS[base_name(name)]["overrides"], f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
             "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.export_hf=false",
             "trainer.logger=[console,jsonl]", f"trainer.log_dir={log_dir}",
-            f"trainer.experiment_name=step-speed-{name}"]
+            f"trainer.experiment_name=step-speed-{base_name(name)}"]
 
 
 def read_steps(log_dir: Path) -> list[dict]:
@@ -99,7 +114,7 @@ def record_pyspy(pids: dict[str, int], seconds: float, out_dir: Path, variant: s
     exe = str(site_exe) if site_exe.exists() else exe
     procs = []
     for role, pid in pids.items():
-        out = out_dir / f"pyspy_{variant}_{role}.txt"
+        out = out_dir / f"pyspy_{variant.replace('@', '-')}_{role}.txt"
         procs.append(subprocess.Popen([exe, "record", "--pid", str(pid), "--duration", str(int(seconds)),
                                        "--rate", "200", "--format", "raw", "--nonblocking", "-o", str(out)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
@@ -131,7 +146,7 @@ def run_variant(name: str, args, data: Path, warm_start: str, url: str, work_dir
     tree = variant_tree(name, Path(args.trees_dir))
     cmd = ["bash", "train_grpo.sh", *variant_overrides(name, args.steps, log_dir, args.profile), *args.extra]
     env = learning_run.child_env(args, warm_start, url, data, CKPT_DIR=str(work_dir / name / "ckpt"),
-                                 EXPERIMENT_NAME=f"step-speed-{name}")
+                                 EXPERIMENT_NAME=f"step-speed-{base_name(name)}")
     env["PYTHONPATH"] = os.pathsep.join([str(tree), *[p for p in env["PYTHONPATH"].split(os.pathsep)
                                                       if p and Path(p).resolve() != ROOT]])
     print(f"+ (in {tree}) " + " ".join(cmd), flush=True)
@@ -153,10 +168,12 @@ def run_variant(name: str, args, data: Path, warm_start: str, url: str, work_dir
             spy.wait(timeout=args.pyspy_s + 60)
     rows = read_steps(log_dir)
     tail = (work_dir / f"{name}.log").read_text().splitlines()[-40:]
-    result = {"tree": VARIANTS[name]["tree"] or "this commit", "overrides": VARIANTS[name]["overrides"] + list(args.extra), "host_probe_ms": round(probe, 2),
+    variant = VARIANTS[base_name(name)]
+    result = {"tree": variant["tree"] or "this commit", "overrides": variant["overrides"] + list(args.extra), "host_probe_ms": round(probe, 2),
               "returncode": proc.returncode, "wall_s": round(time.time() - started, 1), "steps_logged": len(rows),
               "steps": [{"step": r["step"], **{p: r.get(f"timing_s/{p}") for p in PHASES},
                          "num_micro_batches": r.get("actor/num_micro_batches"),
+                         "decode_steps": r.get("perf/rollout_decode_steps"), "engine_calls": r.get("perf/rollout_engine_calls"),
                          "response_length": r.get("response_length/mean"), "score": r.get("critic/score/mean"),
                          "tokens": r.get("perf/total_num_tokens")} for r in rows]}
     if rows:
@@ -166,7 +183,8 @@ def run_variant(name: str, args, data: Path, warm_start: str, url: str, work_dir
     if proc.returncode not in (0, None):
         result["log_tail"] = tail
     if args.pyspy_s:
-        result["pyspy"] = {role: hottest(out_dir / f"pyspy_{name}_{role}.txt") for role in ("driver", "worker")}
+        result["pyspy"] = {role: hottest(out_dir / f"pyspy_{name.replace('@', '-')}_{role}.txt")
+                           for role in ("driver", "worker")}
     return result
 
 
@@ -177,7 +195,7 @@ def variant_tree(name: str, trees_dir: Path) -> Path:
     Raises:
         FileNotFoundError: the commit's tree is neither there nor can be made.
     """
-    commit = VARIANTS[name]["tree"]
+    commit = VARIANTS[base_name(name)]["tree"]
     if commit is None:
         return ROOT
     tree = trees_dir / commit
@@ -205,7 +223,8 @@ def medians(rows: list[dict]) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--variants", default="before,after", help=f"comma-separated names of {sorted(VARIANTS)}")
+    parser.add_argument("--variants", default="before,after",
+                        help=f"comma-separated names of {sorted(VARIANTS)}; NAME@K repeats NAME under its own key")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--work_dir", default="/tmp/step_speed")
     parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results"))
@@ -221,7 +240,7 @@ def main(argv=None) -> int:
     parser.add_argument("extra", nargs="*", help="key=value overrides added to every variant")
     args = parser.parse_args(argv)
     names = [n for n in args.variants.split(",") if n]
-    unknown = [n for n in names if n not in VARIANTS]
+    unknown = [n for n in names if base_name(n) not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {sorted(VARIANTS)}")
     work_dir = Path(args.work_dir)

@@ -21,7 +21,7 @@ from verl.trainer.main_ppo import parse_config  # noqa: E402
 
 # What a variant may change: nothing of the loss, the data, the batch or the sampling distribution.
 SPEED_KEYS = {"actor_rollout_ref.rollout.free_cache_engine", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-              "actor_rollout_ref.rollout.seed_per_request"}
+              "actor_rollout_ref.rollout.seed_per_request", "actor_rollout_ref.actor.use_torch_compile"}
 
 
 @pytest.mark.parametrize("name", sorted(bench.VARIANTS))
@@ -31,6 +31,11 @@ def test_variants_are_the_learning_recipe_with_speed_settings_only(name, tmp_pat
     assert cfg.trainer.total_training_steps == 4 and cfg.trainer.save_freq == -1
     assert cfg.data.train_batch_size == 64 and cfg.actor_rollout_ref.rollout.n == 8 and cfg.max_turns == 2
     assert {o.split("=")[0] for o in bench.VARIANTS[name]["overrides"]} <= SPEED_KEYS
+
+
+def test_repeats_run_their_variant_under_their_own_name(tmp_path):
+    assert bench.base_name("after@2") == "after" and bench.base_name("after") == "after"
+    assert bench.variant_overrides("after@2", 3, tmp_path) == bench.variant_overrides("after", 3, tmp_path)
 
 
 def test_summaries_medians_ratios_and_hottest_frames(tmp_path):
@@ -77,4 +82,5 @@ def test_cpu_run_reports_per_phase_medians(tmp_path, tiny_qwen_path):
     for phase in ("gen", "gen_engine", "update_actor", "weight_sync", "step"):
         assert after["median"][phase]["n"] == 1 and after["median"][phase]["median"] >= 0, phase
     assert after["steps"][1]["num_micro_batches"] >= 1 and after["host_probe_ms"] > 0
+    assert after["steps"][1]["engine_calls"] >= 1 and after["steps"][1]["decode_steps"] >= 1
     assert report["meta"]["commit"] and report["meta"]["steps_per_variant"] == 2
