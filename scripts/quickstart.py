@@ -121,7 +121,7 @@ def data_defaults(args: argparse.Namespace, given: set[str]) -> list[str]:
         raise ValueError(f"DATA_DIR={args.data_dir}: the folder {data_dir} has no {', '.join(p.name for p in missing)} "
                          f"(looked for {', '.join(map(str, missing))}); write them with scripts/data_process/ "
                          f"(README, Data), or name your files with data.train_files=... data.val_files=... "
-                         f"(docs/quickstart.md), or leave DATA_DIR unset for the example data")
+                         f"(docs/quickstart.md); without a GPU and without DATA_DIR the run builds and uses the example data")
     return [f"{key}={data_dir / name}" for key, name in needed.items()]
 
 
