@@ -51,18 +51,24 @@ class Run:
     details: list[str] = field(default_factory=list)
 
 
+def format_check(record: dict) -> tuple[bool, str]:
+    """The format reward's tag check of a record's response, from the tag its prompt opened (if any)."""
+    prefix = action_prefix(str(record.get("input", "")))
+    return check_format(prefix + record["output"], prefix)
+
+
 def question_side(record: dict) -> dict:
     """What the page shows of one record: answer, scores, counts, flags and the parsed turns."""
-    prefix = action_prefix(str(record.get("input", "")))
     golds = [str(g) for g in record.get("gold") or []]
-    turns = parse_turns(record["output"], golds, prefix)
-    valid, reason = check_format(prefix + record["output"], prefix)
+    turns = parse_turns(record["output"], golds, action_prefix(str(record.get("input", ""))))
+    valid, reason = format_check(record)
     em = table_report.row_em(record)
     searches = int(record.get("valid_search", sum(turn.action == "search" for turn in turns)))
     found = any(document.has_gold for turn in turns for document in turn.documents)
     flags = [key for key, on in (("wrong", em < 1), ("no_search", searches == 0), ("malformed", not valid),
                                  ("found_not_given", found and em < 1)) if on]
-    return {"answer": record.get("answer", extract_solution(record["output"])), "em": em,
+    answer = record["answer"] if "answer" in record else extract_solution(record["output"])
+    return {"answer": answer, "em": em,
             "score": float(record["score"]), "searches": searches, "turns": [_turn(t) for t in turns],
             "generated_tokens": record.get("response_tokens"), "response_tokens": record.get("response_length"),
             "finished": record.get("finished"), "truncated": record.get("truncated"),
@@ -76,15 +82,6 @@ def _turn(turn: Turn) -> dict:
                          for d in turn.documents]}
     if turn.action is None:  # an invalid or unfinished turn is shown as written
         out["text"] = turn.text
-    return out
-
-
-def formatting(records: Sequence[dict]) -> list[bool]:
-    """Per record: does it pass the format reward's tag check."""
-    out = []
-    for record in records:
-        prefix = action_prefix(str(record.get("input", "")))
-        out.append(check_format(prefix + record["output"], prefix)[0])
     return out
 
 
@@ -102,8 +99,9 @@ def run_table(run: Run, num_resamples: int) -> dict:
 
 def summary_rows(run: Run, table: dict) -> list[dict]:
     """One row per source (the table's order) and the average: the table's figures plus format
-    errors and response length (observations included) from the records."""
-    well_formed = formatting(run.records)
+    errors and response length (observations included) from the records. The average row holds
+    the table's average EM and the totals (as evaluation.md, no per-question means)."""
+    well_formed = [format_check(record)[0] for record in run.records]
     by_source: dict[str, list[int]] = {}
     for index, record in enumerate(run.records):
         by_source.setdefault(str(record["data_source"]), []).append(index)
@@ -115,14 +113,10 @@ def summary_rows(run: Run, table: dict) -> list[dict]:
                      "format_errors": sum(not well_formed[i] for i in indices),
                      "response_length": float(np.mean(lengths)) if lengths else None})
     average = table["average"]
-    lengths = [r["response_length"] for r in run.records if "response_length" in r]
     rows.append({"source": f"average ({average['num_sources']} sources)", "count": table["pooled"]["count"],
-                 "em": average["em"], "em_ci": average["em_ci"], "score": average.get("score"),
-                 "searches": float(np.mean([r.get("valid_search", 0) for r in run.records])),
-                 "response_tokens": float(np.mean([r.get("response_tokens", 0) for r in run.records])),
-                 "answered": float(np.mean([r.get("answer") is not None for r in run.records])),
-                 "format_errors": sum(not ok for ok in well_formed),
-                 "response_length": float(np.mean(lengths)) if lengths else None, "average": True})
+                 "em": average["em"], "em_ci": average["em_ci"], "score": average.get("score"), "searches": None,
+                 "response_tokens": None, "response_length": None, "answered": None,
+                 "format_errors": sum(not ok for ok in well_formed), "average": True})
     return rows
 
 

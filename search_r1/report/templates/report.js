@@ -75,11 +75,9 @@
     window.reportTimings.renders.push(performance.now() - start);
   }
 
-  function badge(text, className, title) {
-    const node = el("span", "badge " + className, text);
-    if (title) node.title = title;
-    return node;
-  }
+  function plural(count, one, many) { return count + " " + (count === 1 ? one : many); }
+
+  function badge(text, className) { return el("span", "badge " + className, text); }
 
   function card(question) {
     const node = el("article", "question");
@@ -117,7 +115,7 @@
     answer.appendChild(badge("EM " + side.em, side.em >= 1 ? "right" : "wrong"));
     answer.appendChild(el("span", "score", "score " + side.score.toFixed(3)));
     node.appendChild(answer);
-    const facts = [side.searches + " search" + (side.searches === 1 ? "" : "es"), side.turns.length + " turns"];
+    const facts = [plural(side.searches, "search", "searches"), plural(side.turns.length, "turn", "turns")];
     if (side.generated_tokens !== null && side.generated_tokens !== undefined) facts.push(side.generated_tokens + " generated tokens");
     if (side.response_tokens !== null && side.response_tokens !== undefined) facts.push(side.response_tokens + " response tokens");
     if (side.truncated) facts.push("truncated");
