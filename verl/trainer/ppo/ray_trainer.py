@@ -62,7 +62,12 @@ class RayPPOTrainer:
             batch = stages.expand_groups(batch, self.plan.rollout_n)                                        # 1
             with timer("gen", timings):
                 batch = self.generate(batch, self.train_params)                                # 2
-            timings["retrieval"] = batch.meta_info.get("timing", {}).get("retrieval_s", 0.0)
+            gen_split = batch.meta_info.get("timing", {})  # seconds inside gen, by what waited
+            timings["retrieval"] = gen_split.get("retrieval_s", 0.0)
+            timings["gen_engine"] = gen_split.get("generation_s", 0.0)
+            for key in ("engine_calls", "decode_steps"):
+                if key in gen_split:
+                    metrics[f"perf/rollout_{key}"] = float(gen_split[key])
             with timer("reward", timings):
                 metrics.update(_prefix("reward_extra", stages.score(batch, self.reward_fn)))   # 3
             self.compute_log_probs_and_values(batch, timings, metrics)                         # 4
