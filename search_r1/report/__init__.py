@@ -44,18 +44,19 @@ def compare_html(a: Run, b: Run, title: str, num_resamples: int = stats.NUM_RESA
                        [page.summary_rows(run, table) for run, table in zip((a, b), tables)], comparison)
 
 
-def write_report(records: list[dict], path: Path, title: str, table: dict | None = None,
+def write_report(records: list[dict], path: Path, title: str, label: str, table: dict | None = None,
                  max_questions: int | None = None, details: tuple[str, ...] = ()) -> Path:
     """Write the report of validation records to ``path`` (the trainer's dumps, ``evaluate.sh --html``).
 
     Args:
         records: ``verl.trainer.ppo.validation`` records.
+        label: the run's name on the page (the output folder, the step).
         table: the evaluation table of these records, when one was computed (``evaluate.sh``).
         max_questions: trajectories the page holds at most (None: all).
         details: lines under the run's name (model, files).
     Returns:
         ``path``.
     """
-    run = Run(label=path.stem, records=records, table=table, details=list(details))
+    run = Run(label=label, records=records, table=table, details=list(details))
     path.write_text(report_html(run, title, max_questions), encoding="utf-8")
     return path

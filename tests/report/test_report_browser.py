@@ -4,7 +4,6 @@ It opens the report that ``bash evaluate.sh --max_per_source 2 --html`` wrote (t
 default: SmolLM2, the example/ test sets, a local BM25 retriever, the transformers engine),
 applies filters and reads the DOM back; and it opens a handmade report whose passage, title and
 question carry ``<script>`` and ``onerror`` markup, which must show as text and never run.
-Set ``SEARCH_R1_REPORT_SCREENSHOT=PATH`` to keep the screenshot (docs/report.png is one).
 """
 
 from __future__ import annotations
@@ -91,25 +90,28 @@ def test_the_report_of_an_evaluate_run_filters_in_the_browser(evaluation, browse
     expected = Counter(flag for row in flags for flag in row)
     assert _counts(tab) == {key: expected[key] for key, _, _ in report_page.FILTERS}
 
-    tab.check("input[data-filter=wrong]")
-    wrong = [i + 1 for i, row in enumerate(flags) if "wrong" in row]
     cards = tab.locator("article.question")
-    assert [int(n) for n in cards.evaluate_all("cards => cards.map(c => c.dataset.n)")] == wrong[:20]
-    assert tab.text_content("#status") == f"{len(wrong)} of 14 questions"
+    for key, _, _ in report_page.FILTERS:  # each filter alone: the cards Python flags, in file order
+        tab.check(f"input[data-filter={key}]")
+        selected = [str(i + 1) for i, row in enumerate(flags) if key in row]
+        assert cards.evaluate_all("cards => cards.map(c => c.dataset.n)") == selected, key
+        assert tab.text_content("#status") == f"{len(selected)} of 14 questions"
+        assert tab.locator("p.empty").count() == (not selected)
+        tab.uncheck(f"input[data-filter={key}]")
     tab.select_option("#source", "nq")
-    assert cards.count() == sum(1 for i in wrong if records[i - 1]["data_source"] == "nq")
-    tab.uncheck("input[data-filter=wrong]")
     assert cards.count() == 2 and cards.first.locator("h3").text_content() == records[0]["question"]
     assert cards.first.locator("li.turn").count() == len(report_page.question_side(records[0])["turns"])
     tab.select_option("#source", "")
     tab.fill("#text", records[3]["question"][:30])
     assert cards.count() == 1 and cards.first.get_attribute("data-n") == "4"
-
     tab.fill("#text", "")
-    tab.screenshot(path=str(tmp_path / "report.png"), full_page=False)
+    tab.select_option("#size", "10")
+    assert cards.count() == 10 and tab.text_content("nav.pager .page") == "page 1 of 2"
+    tab.locator("nav.pager button.next").first.click()
+    assert cards.evaluate_all("cards => cards.map(c => c.dataset.n)") == [str(n) for n in range(11, 15)]
+
+    tab.screenshot(path=str(tmp_path / "report.png"))
     assert (tmp_path / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    if os.environ.get("SEARCH_R1_REPORT_SCREENSHOT"):
-        shutil.copy(tmp_path / "report.png", os.environ["SEARCH_R1_REPORT_SCREENSHOT"])
     assert events == []
 
 

@@ -123,7 +123,7 @@ def run_eval(cfg: PPOConfig, data_files: list[str]) -> dict:
         from search_r1.report import write_report
 
         written.append(write_report(records, out_dir / "report.html",
-                                    f"Evaluation of {result['model']} (step {result['step']})", table=table,
+                                    f"Evaluation of {result['model']} (step {result['step']})", out_dir.name, table=table,
                                     details=(f"{result['date']}, commit {str(result['commit'])[:10]}", str(questions))))
     print(f"\n{text}\n\nwrote {', '.join(map(str, written[:-1]))} and {written[-1]}", flush=True)
     return result

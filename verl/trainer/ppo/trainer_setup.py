@@ -111,7 +111,7 @@ def build_validation_report(cfg: PPOConfig):
 
     def report(records: list[dict], path: Path) -> None:
         write_report(records, path, f"Validation of {cfg.trainer.experiment_name} at step {path.stem}",
-                     max_questions=limit, details=(str(path.with_suffix(".jsonl")),))
+                     f"step {path.stem}", max_questions=limit, details=(str(path.with_suffix(".jsonl")),))
 
     return report
 
