@@ -6,6 +6,7 @@
 #                                            # else the SmolLM2 warm start, on the example/ test sets, with a
 #                                            # local BM25 retriever started and stopped here)
 #   bash evaluate.sh --max_per_source 5      # a quick look: the first 5 questions of each data source
+#   bash evaluate.sh --html                  # also report.html: every trajectory, in a browser
 #   BASE_MODEL=checkpoints/nq-search-r1-ppo/global_step_100/huggingface DATA_DIR=data/nq_search \
 #     RETRIEVER_URL=http://127.0.0.1:8000/retrieve bash evaluate.sh     # a checkpoint on the test merge
 #   bash evaluate.sh data.val_batch_size=64  # any Hydra override passes through
@@ -18,7 +19,8 @@
 #   the checkpoint, or evaluations/<model>/<data>), START_RETRIEVER (1: start a BM25 server over
 #   example/corpus.jsonl at RETRIEVER_URL when none answers there, as train_*.sh do; the default without a
 #   GPU; 0 with one, where the retriever must serve your corpus already), QA_DIR (build test.parquet from it).
-# Outputs: OUTPUT_DIR/{evaluation.md,evaluation.json,questions.jsonl}; docs/evaluation.md explains them.
+# Outputs: OUTPUT_DIR/{evaluation.md,evaluation.json,questions.jsonl} (+ report.html with --html);
+#   docs/evaluation.md explains them.
 set -euo pipefail
 cd "$(dirname "$0")"
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}

@@ -2,7 +2,7 @@
 
     python scripts/evaluate.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
                                [--retriever-url URL] [--start-retriever] [--max_per_source N]
-                               [--output_dir DIR] [--latest-of RUN_DIR] [key=value ...]
+                               [--output_dir DIR] [--html] [--latest-of RUN_DIR] [key=value ...]
     python scripts/evaluate.py --compare A.json B.json
 
 0. checks the configuration first (the typed config and its start-up checks), before anything slow;
@@ -49,6 +49,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--latest-of", default=None, metavar="RUN_DIR",
                         help="without a model override: evaluate this run's latest checkpoint export, else the "
                              "SmolLM2 warm start")
+    parser.add_argument("--html", action="store_true",
+                        help="also write report.html: every question's trajectory (evaluation.html=true)")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
@@ -107,6 +109,8 @@ def main(argv=None) -> int:
         defaults.append(f"evaluation.max_per_source={args.max_per_source}")
     if args.output_dir:
         defaults.append(f"evaluation.output_dir={Path(args.output_dir).resolve()}")
+    if args.html:
+        defaults.append("evaluation.html=true")
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
     try:

@@ -38,13 +38,15 @@ class RayPPOTrainer:
 
     def __init__(self, config, plan, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
                  generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0,
-                 train_data: list[dict] | None = None):
-        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values); ``train_data``: what
-        the run trains on (:func:`~verl.trainer.ppo.resume_check.train_data_record`), kept in each checkpoint."""
+                 val_report: Callable | None = None, train_data: list[dict] | None = None):
+        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values); ``val_report``:
+        writes the report beside each validation dump (``validation.run_validation``'s ``report``);
+        ``train_data``: what the run trains on (:func:`~verl.trainer.ppo.resume_check.train_data_record`),
+        kept in each checkpoint."""
         self.config, self.plan, self.tokenizer, self.workers = config, plan, tokenizer, workers
         self.train_loader, self.val_batches = train_loader, val_batches
         self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
-        self.kl_ctrl, self.tracker, self.num_params = kl_ctrl, tracker, num_params
+        self.kl_ctrl, self.tracker, self.num_params, self.val_report = kl_ctrl, tracker, num_params, val_report
         self.train_data = train_data
         self.total_steps = plan.total_training_steps
         from verl.trainer.ppo.rollout_adapter import sampling_params
@@ -154,7 +156,8 @@ class RayPPOTrainer:
             return self.generate(batch, self.val_params)
 
         return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer,
-                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step)
+                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step,
+                              report=self.val_report)
 
     # ------------------------------------------------------------------------------- checkpoints
     def save(self) -> None:
