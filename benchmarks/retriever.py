@@ -252,8 +252,11 @@ def _percentile(ordered: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def bench_fairness(args_list: list[str], queries: list[str], env: dict | None = None) -> dict:
-    with launch_server(args_list, startup_timeout=600, env=env) as server:
+def bench_fairness(args_list: list[str], queries: list[str], tree: Path = REPO) -> dict:
+    """The fairness scenario against the server of checkout ``tree``, started as a script (Search-R1's
+    form), so that its own folder, not the current directory, is first on the server's path."""
+    command = [sys.executable, str(tree / "search_r1" / "search" / "retrieval_server.py")]
+    with launch_server(args_list, startup_timeout=600, command=command, env={"PYTHONPATH": str(tree)}) as server:
         asyncio.run(run_load(server.url, queries, 4, 1, 8))  # warm-up
         out = asyncio.run(fairness_load(server.url, queries))
     print(f"  fairness: small callers p50 {out['small_p50_ms']:.0f} ms, p99 {out['small_p99_ms']:.0f} ms "
@@ -305,14 +308,14 @@ def run_fairness_only(args, servers: dict[str, list[str]], queries: list[str], p
     """The fairness scenario on each backend, with this tree's server and (``--baseline_tree``) the
     baseline tree's, alternating per backend so both see the same machine; writes
     ``<output stem>_fairness.json``."""
-    trees = {"this_tree": {"PYTHONPATH": str(REPO)}}
+    trees = {"this_tree": REPO}
     if args.baseline_tree:
-        trees["baseline_tree"] = {"PYTHONPATH": str(Path(args.baseline_tree).resolve())}
+        trees["baseline_tree"] = Path(args.baseline_tree).resolve()
     results = {}
     for kind, server_args in servers.items():
-        for name, env in trees.items():
+        for name, tree in trees.items():
             print(f"{kind} / fairness / {name}", flush=True)
-            results.setdefault(name, {})[kind] = bench_fairness(server_args, queries, env)
+            results.setdefault(name, {})[kind] = bench_fairness(server_args, queries, tree)
     output = Path(args.output).with_name(Path(args.output).stem + "_fairness.json")
     report = {"benchmark": "retriever_fairness", "command": " ".join([sys.executable, *sys.argv]), "commit": commit(),
               "baseline_tree": args.baseline_tree, "machine": machine_info(),
