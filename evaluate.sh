@@ -5,6 +5,7 @@
 #   bash evaluate.sh                         # no GPU: the embedded default (SmolLM2-135M, the example/ test
 #                                            # sets, a local BM25 retriever started and stopped here)
 #   bash evaluate.sh --max_per_source 5      # a quick look: the first 5 questions of each data source
+#   bash evaluate.sh --html                  # also report.html: every trajectory, in a browser
 #   BASE_MODEL=checkpoints/nq-search-r1-ppo/global_step_100/huggingface DATA_DIR=data/nq_search \
 #     RETRIEVER_URL=http://127.0.0.1:8000/retrieve bash evaluate.sh     # a checkpoint on the test merge
 #   bash evaluate.sh data.val_batch_size=64  # any Hydra override passes through
@@ -14,7 +15,8 @@
 #   DATA_DIR (holds test.parquet from scripts/data_process/qa_search_test_merge.py), RETRIEVER_URL,
 #   ROLLOUT_NAME, OUTPUT_DIR (default: beside the checkpoint, or evaluations/<model>/<data>),
 #   QA_DIR / START_RETRIEVER (embedded default: build test.parquet from example/qa; start a local retriever).
-# Outputs: OUTPUT_DIR/{evaluation.md,evaluation.json,questions.jsonl}; docs/evaluation.md explains them.
+# Outputs: OUTPUT_DIR/{evaluation.md,evaluation.json,questions.jsonl} (+ report.html with --html);
+#   docs/evaluation.md explains them.
 set -euo pipefail
 cd "$(dirname "$0")"
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}

@@ -60,7 +60,10 @@ ROLLOUT = {
             "data.max_obs_length=64", "max_turns=2", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32"],
 }
 TRAIN = {
+    # The engine stays resident through the update (a 135M model's training fits beside it) and the
+    # log-prob and update passes take 64k-token micro-batches (docs/benchmarks.md, "Learning step").
     "gpu": [*learning_check.GPU_ARGS, "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
+            "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
             "data.train_batch_size=64", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
             "actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
             "critic.optim.lr=1e-5", "critic.optim.lr_warmup_steps_ratio=0.0", "critic.ppo_micro_batch_size=64",

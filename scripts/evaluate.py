@@ -2,7 +2,7 @@
 
     python scripts/evaluate.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
                                [--retriever-url URL] [--start-retriever] [--max_per_source N]
-                               [--output_dir DIR] [key=value ...]
+                               [--output_dir DIR] [--html] [key=value ...]
     python scripts/evaluate.py --compare A.json B.json
 
 1. with ``--qa-dir``, writes ``<data-dir>/test.parquet`` from the QA jsonl files when it is missing
@@ -42,6 +42,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--max_per_source", "--max-per-source", type=int, default=None,
                         help="evaluate the first N questions of each data source")
     parser.add_argument("--output_dir", "--output-dir", default=None, help="default: see evaluation.output_dir")
+    parser.add_argument("--html", action="store_true",
+                        help="also write report.html: every question's trajectory (evaluation.html=true)")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
@@ -85,6 +87,8 @@ def main(argv=None) -> int:
         defaults.append(f"evaluation.max_per_source={args.max_per_source}")
     if args.output_dir:
         defaults.append(f"evaluation.output_dir={Path(args.output_dir).resolve()}")
+    if args.html:
+        defaults.append("evaluation.html=true")
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
     if args.start_retriever:  # fail on a bad model or data file before starting a server

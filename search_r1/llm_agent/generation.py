@@ -38,7 +38,7 @@ import torch
 from search_r1.llm_agent.observation import ObservationEncoder
 from search_r1.llm_agent.parsing import STOP_STRINGS, Action, parse_action
 from search_r1.llm_agent.stop_rule import split_at_stop
-from search_r1.llm_agent.tensor_helper import pad_rows, position_ids_from_mask
+from search_r1.llm_agent.tensor_helper import length_mask, pad_rows, position_ids_from_mask
 from search_r1.llm_agent.trajectory import Trajectory
 from verl.protocol import DataProto
 from verl.utils.aio import in_event_loop, run_coroutine
@@ -122,7 +122,8 @@ class LLMGenerationManager:
             ``(B, P + R)``, int64 ``(B,)`` stats ``turns, valid_search, empty_search, valid_action, finished,
             truncated, obs_truncated`` and the non-tensor ``action_prefix`` (the tag the prompt
             opened, or ""); ``meta_info["timing"]`` has seconds (sync: generation / retrieval /
-            bookkeeping; async: also the busy fractions and mean in-flight counts).
+            bookkeeping, and the engine calls and the decode steps they waited for; async: also the
+            busy fractions and mean in-flight counts).
         """
         if params.n != 1:
             raise ValueError(f"run_llm_loop samples once per row; got n={params.n}. Repeat the batch instead.")
@@ -147,7 +148,7 @@ class LLMGenerationManager:
 
     def _run_sync(self, rows: list[Trajectory], params: SamplingParams) -> dict[str, float]:
         """Search-R1's turn loop over all active rows at once."""
-        self.timing = {"generation_s": 0.0, "retrieval_s": 0.0}
+        self.timing = {"generation_s": 0.0, "retrieval_s": 0.0, "engine_calls": 0, "decode_steps": 0}
         for turn in range(self.config.max_turns + 1):
             active = [row for row in rows if row.active]
             if not active:
@@ -226,6 +227,9 @@ class LLMGenerationManager:
         self.timing["generation_s"] += time.perf_counter() - tic
         if len(outputs) != len(rows):
             raise RuntimeError(f"engine returned {len(outputs)} outputs for {len(rows)} prompts")
+        # a call decodes until its longest row stops: the engine steps this turn waited for
+        self.timing["engine_calls"] += 1
+        self.timing["decode_steps"] += max((len(out.token_ids) for out in outputs), default=0)
         # One max_tokens for the batch: cut rows whose own response budget is smaller.
         return [out if len(out.token_ids) <= room else
                 RolloutOutput(out.token_ids[:room], out.log_probs[:room], "length")
@@ -247,15 +251,19 @@ class LLMGenerationManager:
             self.observe_search(row, docs)
 
     def _retrieve(self, queries: list[str]) -> list[list[dict]]:
+        """One retriever call for the turn's searches; a query several rows ask (a GRPO group's
+        samples often search the same words) is sent once."""
         tic = time.perf_counter()
+        unique = list(dict.fromkeys(queries))
         if hasattr(self.retriever, "aretrieve") and not in_event_loop():
-            results = asyncio.run(self.retriever.aretrieve(queries))
+            results = asyncio.run(self.retriever.aretrieve(unique))
         else:
-            results = self.retriever.retrieve(queries)
+            results = self.retriever.retrieve(unique)
         self.timing["retrieval_s"] += time.perf_counter() - tic
-        if len(results) != len(queries):
-            raise RuntimeError(f"retriever returned {len(results)} result lists for {len(queries)} queries")
-        return results
+        if len(results) != len(unique):
+            raise RuntimeError(f"retriever returned {len(results)} result lists for {len(unique)} queries")
+        by_query = dict(zip(unique, results))
+        return [by_query[query] for query in queries]
 
     def _close_answers(self, rows: list[Trajectory], params: SamplingParams) -> None:
         answered = [row for row in rows if self.wants_eos(row)]
@@ -281,7 +289,8 @@ class LLMGenerationManager:
             row.add_generated(out.token_ids, out.log_probs)
             row.end(truncated=out.finish_reason == "length")
             return None
-        keep, tail = split_at_stop(self.tokenizer, out.token_ids, STOP_STRINGS)
+        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=False)
+        keep, tail = split_at_stop(self.tokenizer, out.token_ids, STOP_STRINGS, text)
         row.add_generated(out.token_ids[:keep], out.log_probs[:keep])
         if tail:  # the rest of the stop string, in place of a token that ran past it (stop_rule.py)
             if (len(row.context) + len(tail) > self.config.max_prompt_length
@@ -289,7 +298,6 @@ class LLMGenerationManager:
                 row.end(truncated=True)
                 return None
             row.add_observation(tail)
-        text = self.tokenizer.decode(out.token_ids, skip_special_tokens=False)
         action = parse_action((row.open_tag if row.turns == 1 else "") + text)
         row.valid_action += int(action.valid)
         row.valid_search += int(action.kind == "search")
@@ -336,9 +344,9 @@ class LLMGenerationManager:
     def _to_dataproto(self, rows: list[Trajectory], width: int) -> DataProto:
         resp_len = self.config.max_response_length
         prompts = pad_rows([r.prompt for r in rows], width, self.pad_id, torch.long, left=True)
-        prompt_mask = pad_rows([[1] * len(r.prompt) for r in rows], width, 0, torch.long, left=True)
+        prompt_mask = length_mask(torch.tensor([len(r.prompt) for r in rows], dtype=torch.long), width, left=True)
         responses = pad_rows([r.response for r in rows], resp_len, self.pad_id, torch.long, left=False)
-        resp_attn = pad_rows([[1] * len(r.response) for r in rows], resp_len, 0, torch.long, left=False)
+        resp_attn = length_mask(torch.tensor([len(r.response) for r in rows], dtype=torch.long), resp_len, left=False)
         attention_mask = torch.cat([prompt_mask, resp_attn], dim=1)
         tensors = {
             "prompts": prompts,

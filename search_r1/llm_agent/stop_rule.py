@@ -21,19 +21,22 @@ from typing import Iterable, Sequence
 from verl.workers.rollout.base import first_stop
 
 
-def split_at_stop(tokenizer, token_ids: Sequence[int], stops: Iterable[str]) -> tuple[int, list[int]]:
+def split_at_stop(tokenizer, token_ids: Sequence[int], stops: Iterable[str],
+                  text: str | None = None) -> tuple[int, list[int]]:
     """How many sampled tokens a stopped turn keeps, and the environment tokens that close it.
 
     Args:
         tokenizer: the policy's tokenizer.
         token_ids: the turn's sampled ids; the engine stopped on the first of ``stops`` in their text.
+        text: their decoded text (special tokens kept), when the caller has it already.
     Returns:
         ``(keep, tail_ids)``: keep ``token_ids[:keep]`` (mask 1) and append ``tail_ids`` (mask 0).
         ``(len(token_ids), [])`` when the text already ends at the stop string, or when it has no
         stop string, or when the kept tokens' text is not a prefix of the turn's text (a multi-byte
         character split across the dropped token: the turn is then left as sampled).
     """
-    text = tokenizer.decode(list(token_ids), skip_special_tokens=False)
+    if text is None:
+        text = tokenizer.decode(list(token_ids), skip_special_tokens=False)
     match = first_stop(text, stops)
     if match is None or match[0] == len(text):
         return len(token_ids), []

@@ -10,7 +10,7 @@ import torch
 
 from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
 from search_r1.llm_agent.observation import ObservationEncoder
-from search_r1.prompts import INVALID_ACTION_MESSAGE
+from search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages
 from verl.protocol import DataProto
 from verl.workers.rollout.base import SamplingParams
 
@@ -210,3 +210,35 @@ def test_unknown_mode_fails_before_any_model_loads(tiny_qwen_path, tmp_path):
     assert result.returncode != 0
     assert "actor_rollout_ref.rollout.mode='asynchronous': choose one of ['async', 'sync']" in result.stderr
     assert "init_model" not in result.stderr and "WorkerHost" not in result.stderr
+
+
+def test_a_query_several_rows_ask_is_retrieved_once(tokenizer, retriever, retriever_server):
+    """Sync mode sends each distinct query of a turn once (the server counts what it received);
+    every row still gets the passages of its own query."""
+    import httpx
+
+    def served() -> int:
+        return httpx.get(retriever_server.retrieve_url.replace("/retrieve", "/stats")).json()["queries"]
+
+    scripts = [["<search>Venezuela writer</search>", "<answer>x</answer>"]] * 3 + \
+              [["<search>Hiccup voice actor</search>", "<answer>y</answer>"]]
+    before = served()
+    _, _, out = run(tokenizer, retriever, scripts, "sync", max_obs_length=1000)
+    assert served() - before == 2
+    for row, query in enumerate(["Venezuela writer"] * 3 + ["Hiccup voice actor"]):
+        expected = tokenizer.encode(format_observation(format_passages(retriever.retrieve([query])[0])),
+                                    add_special_tokens=False)
+        real = out.batch["attention_mask"][row, -400:].bool()
+        assert out.batch["responses"][row][real & ~out.batch["response_mask"][row].bool()].tolist() == expected
+
+
+def test_observation_cache_gives_the_uncached_ids_and_private_copies(tokenizer, retriever):
+    docs = retriever.retrieve(["Venezuela writer"])[0]
+    for budget in (1000, 40):  # fits whole / cut inside the passages
+        cached = ObservationEncoder(tokenizer, budget)
+        first, cut = cached.search(docs)
+        first.append(-1)  # the caller owns its list: the cache must not see this
+        again, cut_again = cached.search(docs)
+        fresh, fresh_cut = ObservationEncoder(tokenizer, budget)._encode_search(format_passages(docs))
+        assert again == fresh and cut_again == cut == fresh_cut == (budget == 40)
+        assert len(cached._cache) == 1

@@ -322,13 +322,16 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             raise RuntimeError(f"update_actor on a worker with role {self.role!r} (no actor)")
         fsdp_cfg = self.config.actor.fsdp_config
         releases = self.rollout_engine is not None and self.config.rollout.free_cache_engine
+        started = time.perf_counter()
         if releases:
             self.rollout_engine.release_memory()
+        release_s = time.perf_counter() - started
         with self._phase("update_actor"), self.host_memory.update():
             self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
             metrics = self.actor.update_policy(_on_device(data), self.config.rollout.temperature)
             self._step_scheduler(metrics, "actor/lr")
             self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+        metrics["timing_s/release_memory"] = release_s
         if self.rollout_engine is not None:
             started = time.perf_counter()
             with self._phase("weight_sync"):

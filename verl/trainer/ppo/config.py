@@ -59,7 +59,11 @@ class TrainerConfig:
     val_only: bool = False
     """validate (the resumed checkpoint) and exit"""
     validation_data_dir: Optional[str] = None
-    """write per-sample validation generations to `<dir>/<step>.jsonl`"""
+    """write per-sample validation generations to `<dir>/<step>.jsonl`, and their trajectory report to
+    `<dir>/<step>.html` (docs/evaluation.md)"""
+    validation_report_questions: int = 1000
+    """trajectories the `<step>.html` report holds at most, taken source by source (its summary counts
+    every question); 0: no report"""
     critic_warmup: int = 0
     """steps that update only the critic before the actor starts"""
     seed: int = 1

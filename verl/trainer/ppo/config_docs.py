@@ -73,8 +73,8 @@ Per step: `critic/score/{mean,max,min}`, `critic/rewards/*`, `critic/advantages/
 `critic/values/*` and `critic/vf_explained_var` (PPO), `actor/{pg_loss,pg_clipfrac,ppo_kl,entropy,kl_loss,grad_norm,lr}`
 (from the workers), `actor/reward_kl_penalty{,_coeff}` (KL in reward), `response_length/{mean,max,min,clip_ratio}`,
 `prompt_length/*`, `env/{number_of_actions/*,number_of_valid_action,ratio_of_valid_action,number_of_valid_search,number_of_empty_search,ratio_of_empty_search,finish_ratio}`,
-`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,update_actor,step}`,
-`perf/{throughput_tokens_per_s,total_num_tokens,mfu/actor}`. At validation: `val/test_score/<data_source>`,
+`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,update_actor,step}` (inside gen: `timing_s/{gen_engine,retrieval}`; inside update_actor: `timing_s/{release_memory,weight_sync}`, `actor/num_micro_batches`),
+`perf/{throughput_tokens_per_s,total_num_tokens,mfu/actor}`, `perf/rollout_{engine_calls,decode_steps}` (sync rollout: engine calls and the decode steps they waited for). At validation: `val/test_score/<data_source>`,
 `val/test_score/all`, `val/env/*`.
 """
 

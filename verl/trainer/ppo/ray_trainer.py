@@ -37,12 +37,14 @@ class RayPPOTrainer:
     """PPO (``gae`` + critic) and GRPO (``grpo``, no critic) over multi-turn search rollouts."""
 
     def __init__(self, config, plan, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
-                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0):
-        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values)."""
+                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0,
+                 val_report: Callable | None = None):
+        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values); ``val_report``:
+        writes the report beside each validation dump (``validation.run_validation``'s ``report``)."""
         self.config, self.plan, self.tokenizer, self.workers = config, plan, tokenizer, workers
         self.train_loader, self.val_batches = train_loader, val_batches
         self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
-        self.kl_ctrl, self.tracker, self.num_params = kl_ctrl, tracker, num_params
+        self.kl_ctrl, self.tracker, self.num_params, self.val_report = kl_ctrl, tracker, num_params, val_report
         self.total_steps = plan.total_training_steps
         from verl.trainer.ppo.rollout_adapter import sampling_params
 
@@ -60,7 +62,12 @@ class RayPPOTrainer:
             batch = stages.expand_groups(batch, self.plan.rollout_n)                                        # 1
             with timer("gen", timings):
                 batch = self.generate(batch, self.train_params)                                # 2
-            timings["retrieval"] = batch.meta_info.get("timing", {}).get("retrieval_s", 0.0)
+            gen_split = batch.meta_info.get("timing", {})  # seconds inside gen, by what waited
+            timings["retrieval"] = gen_split.get("retrieval_s", 0.0)
+            timings["gen_engine"] = gen_split.get("generation_s", 0.0)
+            for key in ("engine_calls", "decode_steps"):
+                if key in gen_split:
+                    metrics[f"perf/rollout_{key}"] = float(gen_split[key])
             with timer("reward", timings):
                 metrics.update(_prefix("reward_extra", stages.score(batch, self.reward_fn)))   # 3
             self.compute_log_probs_and_values(batch, timings, metrics)                         # 4
@@ -146,7 +153,8 @@ class RayPPOTrainer:
             return self.generate(batch, self.val_params)
 
         return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer,
-                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step)
+                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step,
+                              report=self.val_report)
 
     # ------------------------------------------------------------------------------- checkpoints
     def save(self) -> None:

@@ -100,6 +100,22 @@ def build_generation_manager(cfg: PPOConfig, tokenizer, engine, plan: RunPlan):
     return LLMGenerationManager(tokenizer, engine, gen_config, retriever)
 
 
+def build_validation_report(cfg: PPOConfig):
+    """``(records, path) -> None`` writing the trajectory report of a validation dump
+    (``<trainer.validation_data_dir>/<step>.html``), or None without a dump folder or with
+    ``trainer.validation_report_questions`` 0."""
+    limit = cfg.trainer.validation_report_questions
+    if not cfg.trainer.validation_data_dir or limit <= 0:
+        return None
+    from search_r1.report import write_report
+
+    def report(records: list[dict], path: Path) -> None:
+        write_report(records, path, f"Validation of {cfg.trainer.experiment_name} at step {path.stem}",
+                     f"step {path.stem}", max_questions=limit, details=(str(path.with_suffix(".jsonl")),))
+
+    return report
+
+
 def build_reward_fn(cfg: PPOConfig, tokenizer, num_examine: int):
     """EM reward (Search-R1's format-aware score with ``reward_model.style=format`` or non-zero
     format scores) over decoded responses."""
@@ -152,4 +168,4 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
         reward_fn=build_reward_fn(cfg, tokenizer, cfg.reward_model.num_examine),
         val_reward_fn=build_reward_fn(cfg, tokenizer, 1),
         kl_ctrl=algorithms.get_kl_controller(cfg.algorithm.kl_ctrl), tracker=tracker,
-        num_params=count_parameters(cfg.actor_rollout_ref.model.path))
+        num_params=count_parameters(cfg.actor_rollout_ref.model.path), val_report=build_validation_report(cfg))

@@ -17,7 +17,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
-_PUNCTUATION = frozenset(string.punctuation)
+_DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 # Text the search loop writes, not the model: retrieved passages (which may contain "<answer>" text;
 # an unclosed block was cut by truncation) and the invalid-action message, whose own
@@ -30,7 +30,7 @@ _ENVIRONMENT_TEXT = re.compile(r"<information>.*?(?:</information>|$)"
 def normalize_answer(text: str, remove_articles: bool = True) -> str:
     """SQuAD normalisation: lower case, no punctuation, no articles, single spaces."""
     text = text.lower()
-    text = "".join(ch for ch in text if ch not in _PUNCTUATION)
+    text = text.translate(_DROP_PUNCTUATION)
     if remove_articles:
         text = _ARTICLES.sub(" ", text)
     return " ".join(text.split())
@@ -138,4 +138,6 @@ def compute_score_subem(solution_str: str, ground_truth, format_score: float = 0
 def any_in(golden_answers: Sequence[str], texts: Iterable[str]) -> bool:
     """True when a non-empty normalised gold answer occurs in one of the normalised texts."""
     golds = [g for g in (normalize_answer(a) for a in as_answer_list(golden_answers)) if g]
-    return any(gold in normalize_answer(text) for text in texts for gold in golds)
+    if not golds:
+        return False
+    return any(gold in normalized for normalized in map(normalize_answer, texts) for gold in golds)

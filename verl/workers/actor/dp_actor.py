@@ -140,6 +140,7 @@ class DataParallelPPOActor:
         if not stepped:
             logger.warning("actor grad norm is %s: optimizer step skipped", grad_norm)
         sums["actor/grad_norm"] = grad_norm
+        sums["actor/num_micro_batches"] = float(len(micros))
         sums["actor/grad_norm_nonfinite"] = 0.0 if stepped else 1.0
         return dict(sums)
 

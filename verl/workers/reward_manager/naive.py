@@ -90,10 +90,12 @@ class RewardManager:
         reward_tensor = torch.zeros(responses.shape, dtype=torch.float32)
         extra: dict[str, list] = defaultdict(list)
         sources, printed = [], defaultdict(int)
+        texts = self.tokenizer.batch_decode([ids[:length] for ids, length in zip(responses.tolist(), lengths.tolist())],
+                                            skip_special_tokens=True)
         for row in range(responses.shape[0]):
             length = int(lengths[row])
             prefix = self._action_prefix(data.non_tensor_batch, row)
-            text = prefix + self.tokenizer.decode(responses[row, :length].tolist(), skip_special_tokens=True)
+            text = prefix + texts[row]
             source, ground_truth, extra_info = self._row_fields(data.non_tensor_batch, row)
             row_kwargs = {"action_prefix": prefix} if prefix else {}
             result = self.compute_score(data_source=source, solution_str=text,

