@@ -2,19 +2,25 @@
 # Greedy multi-turn evaluation with search: Search-R1's per-source exact-match table (Table 2) with 95%
 # bootstrap intervals, through the training's own generation manager, prompt and reward.
 #
-#   bash evaluate.sh                         # no GPU: the embedded default (SmolLM2-135M, the example/ test
-#                                            # sets, a local BM25 retriever started and stopped here)
+#   bash evaluate.sh                         # no GPU: the embedded default (the quick start's latest checkpoint,
+#                                            # else the SmolLM2 warm start, on the example/ test sets, with a
+#                                            # local BM25 retriever started and stopped here)
 #   bash evaluate.sh --max_per_source 5      # a quick look: the first 5 questions of each data source
+#   bash evaluate.sh --html                  # also report.html: every trajectory, in a browser
 #   BASE_MODEL=checkpoints/nq-search-r1-ppo/global_step_100/huggingface DATA_DIR=data/nq_search \
 #     RETRIEVER_URL=http://127.0.0.1:8000/retrieve bash evaluate.sh     # a checkpoint on the test merge
 #   bash evaluate.sh data.val_batch_size=64  # any Hydra override passes through
 #   bash evaluate.sh --compare A/evaluation.json B/evaluation.json    # per-source differences + intervals
 #
-# Variables: N_GPUS, BASE_MODEL (a checkpoint's huggingface/ export, its global_step_N folder, or a hub id),
-#   DATA_DIR (holds test.parquet from scripts/data_process/qa_search_test_merge.py), RETRIEVER_URL,
-#   ROLLOUT_NAME, OUTPUT_DIR (default: beside the checkpoint, or evaluations/<model>/<data>),
-#   QA_DIR / START_RETRIEVER (embedded default: build test.parquet from example/qa; start a local retriever).
-# Outputs: OUTPUT_DIR/{evaluation.md,evaluation.json,questions.jsonl}; docs/evaluation.md explains them.
+# Variables: N_GPUS, BASE_MODEL (a checkpoint's huggingface/ export, its global_step_N folder, or a hub id;
+#   no GPU and unset: the latest export under CKPT_DIR, default checkpoints/example-grpo-smollm2 (the quick
+#   start's run), else the warm start), DATA_DIR (holds test.parquet from
+#   scripts/data_process/qa_search_test_merge.py), RETRIEVER_URL, ROLLOUT_NAME, OUTPUT_DIR (default: beside
+#   the checkpoint, or evaluations/<model>/<data>), START_RETRIEVER (1: start a BM25 server over
+#   example/corpus.jsonl at RETRIEVER_URL when none answers there, as train_*.sh do; the default without a
+#   GPU; 0 with one, where the retriever must serve your corpus already), QA_DIR (build test.parquet from it).
+# Outputs: OUTPUT_DIR/{evaluation.md,evaluation.json,questions.jsonl} (+ report.html with --html);
+#   docs/evaluation.md explains them.
 set -euo pipefail
 cd "$(dirname "$0")"
 export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
@@ -37,19 +43,21 @@ if [ "${N_GPUS}" -gt 0 ]; then
   ARGS=(trainer.n_gpus_per_node="$N_GPUS" actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-vllm}"
         data.val_batch_size=512)
 else
-  # Embedded default: the example/ test sets (30 questions per source) and, unless RETRIEVER_URL names
-  # one, a BM25 server over example/corpus.jsonl started here; the rollout sizes of the embedded training.
+  # Embedded default: the example/ test sets (30 questions per source); a BM25 server over
+  # example/corpus.jsonl at RETRIEVER_URL when none answers there (as train_*.sh); the model the quick
+  # start trained (else its warm start; scripts/evaluate.py picks it after checking the configuration);
+  # the embedded training's rollout with evaluation's turn budgets.
   [ -z "${DATA_DIR:-}" ] && QA_DIR=${QA_DIR:-example/qa}
-  [ -z "${RETRIEVER_URL:-}" ] && START_RETRIEVER=${START_RETRIEVER:-1}
-  START_RETRIEVER=${START_RETRIEVER:-0}
-  BASE_MODEL=${BASE_MODEL:-$($PYTHON -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())')}
+  START_RETRIEVER=${START_RETRIEVER:-1}
   DATA_DIR=${DATA_DIR:-data/example_search}
   source scripts/embedded_cpu_args.sh
-  ARGS=("${EMBEDDED_ROLLOUT_ARGS[@]}" data.val_batch_size=32)
+  [ -z "${BASE_MODEL:-}" ] && OPTS+=(--latest-of "${CKPT_DIR:-checkpoints/$EMBEDDED_GRPO_EXPERIMENT}")
+  ARGS=("${EMBEDDED_ROLLOUT_ARGS[@]}" "${EMBEDDED_EVAL_ARGS[@]}" data.val_batch_size=32)
 fi
+[ -n "${BASE_MODEL:-}" ] && OPTS+=(actor_rollout_ref.model.path="$BASE_MODEL")
 [ -n "${QA_DIR:-}" ] && OPTS+=(--qa-dir "$QA_DIR")
 [ "${START_RETRIEVER}" = 1 ] && OPTS+=(--start-retriever)
 [ -n "${OUTPUT_DIR:-}" ] && OPTS+=(--output_dir "$OUTPUT_DIR")
 
 exec $PYTHON scripts/evaluate.py --data-dir "$DATA_DIR" --retriever-url "${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}" \
-  "${OPTS[@]}" actor_rollout_ref.model.path="$BASE_MODEL" "${ARGS[@]}" "$@"
+  "${OPTS[@]}" "${ARGS[@]}" "$@"

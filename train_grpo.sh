@@ -35,11 +35,11 @@ else
   # start (cached after the first run) so that GRPO/PPO groups have reward spread (docs/sft.md).
   # It needs the training stack and, for the local BM25 retriever it starts, fastapi/uvicorn/bm25s.
   require_python_modules "$(basename "$0")" torch transformers ray hydra tensordict httpx fastapi uvicorn bm25s
+  # Without BASE_MODEL the model is SmolLM2 and without DATA_DIR the example data (data/example_search),
+  # both prepared by scripts/quickstart.py after it has checked the configuration.
   export WARM_START=${WARM_START:-1}
-  BASE_MODEL=${BASE_MODEL:-$($PYTHON -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())')}
-  DATA_DIR=${DATA_DIR:-data/example_search}
-  EXPERIMENT_NAME=${EXPERIMENT_NAME:-example-grpo-smollm2}
   source scripts/embedded_cpu_args.sh
+  EXPERIMENT_NAME=${EXPERIMENT_NAME:-$EMBEDDED_GRPO_EXPERIMENT}
   ARGS=(
     data.train_batch_size=2 actor_rollout_ref.rollout.n=4
     actor_rollout_ref.actor.ppo_mini_batch_size=2 actor_rollout_ref.actor.ppo_micro_batch_size=4
@@ -47,9 +47,14 @@ else
   )
 fi
 
-exec $PYTHON scripts/quickstart.py --data-dir "$DATA_DIR" --retriever-url "$RETRIEVER_URL" \
+# The user's choices only: quickstart.py fills in the embedded defaults (and leaves a DATA_DIR it was given unwritten).
+CHOSEN=()
+[ -n "${BASE_MODEL:-}" ] && CHOSEN+=(actor_rollout_ref.model.path="$BASE_MODEL")
+[ -n "${DATA_DIR:-}" ] && CHOSEN+=(--data-dir "$DATA_DIR")
+# Checkpoints follow the experiment name (trainer.experiment_name=NAME moves them too) unless CKPT_DIR is set.
+CKPT_DEFAULT='checkpoints/${.experiment_name}'
+exec $PYTHON scripts/quickstart.py --retriever-url "$RETRIEVER_URL" "${CHOSEN[@]}" \
   algorithm.adv_estimator=grpo algorithm.use_kl_in_reward=false actor_rollout_ref.actor.use_kl_loss=true \
   actor_rollout_ref.actor.kl_loss_coef=0.001 actor_rollout_ref.actor.kl_loss_type=low_var_kl \
-  actor_rollout_ref.model.path="$BASE_MODEL" \
-  trainer.experiment_name="$EXPERIMENT_NAME" trainer.default_local_dir="${CKPT_DIR:-checkpoints/$EXPERIMENT_NAME}" \
+  trainer.experiment_name="$EXPERIMENT_NAME" trainer.default_local_dir="${CKPT_DIR:-$CKPT_DEFAULT}" \
   retriever.url="$RETRIEVER_URL" "${ARGS[@]}" "$@"

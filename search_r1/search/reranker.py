@@ -15,6 +15,7 @@ little). Passages are shown to the cross-encoder as the rollout shows them to th
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Sequence
 
@@ -27,6 +28,57 @@ def pair_text(contents: str) -> str:
     """A wiki-18 ``contents`` string as the reranker reads it: ``(Title: T) text``."""
     title, text = split_contents(contents)
     return f"(Title: {title}) {text}"
+
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+DEFAULT_HUB_ENDPOINT = "https://huggingface.co"
+
+
+def resolve_model_path(model_path: str, flag: str = "--reranker_model") -> str:
+    """Where ``model_path`` loads from: a local folder as is, a hub id already in the local Hugging
+    Face cache as its cached snapshot folder (no network), any other hub id as is (transformers
+    downloads it) once one connection to the hub has succeeded.
+
+    Without that check transformers retries an unreachable hub for about a minute before its
+    ``OSError``; here an offline machine gets one line at once.
+
+    Raises:
+        FileNotFoundError: not a folder, not cached, and offline (``$HF_HUB_OFFLINE`` /
+            ``$TRANSFORMERS_OFFLINE`` set, or the hub endpoint refused the connection); the message
+            names ``flag``, the model, and the offline way to a reranker.
+    """
+    if os.path.isdir(model_path):
+        return model_path
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    build = "build one offline with: python scripts/build_reranker.py"
+    try:
+        cached = try_to_load_from_cache(model_path, "config.json")
+    except HFValidationError:
+        raise FileNotFoundError(f"{flag} {model_path}: no such folder (nor a hub id); {build}") from None
+    if isinstance(cached, str):
+        return os.path.dirname(cached)
+    offline = _hub_offline_reason()
+    if offline:
+        raise FileNotFoundError(f"{flag} {model_path}: no such folder, not in the Hugging Face cache, and "
+                                f"{offline}; {build}")
+    return model_path
+
+
+def _hub_offline_reason() -> str | None:
+    """Why the hub cannot be used now (an offline variable, a refused connection), or None."""
+    import httpx
+
+    for name in OFFLINE_VARIABLES:
+        if os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on"):
+            return f"${name} is set"
+    endpoint = os.environ.get("HF_ENDPOINT", DEFAULT_HUB_ENDPOINT).rstrip("/")
+    try:
+        httpx.head(endpoint, timeout=10.0)
+    except httpx.HTTPError as err:
+        return f"the hub {endpoint} cannot be reached ({type(err).__name__}: {err})"
+    return None
 
 
 def default_device() -> str:

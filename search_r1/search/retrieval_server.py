@@ -28,6 +28,7 @@ if __package__ in (None, ""):
 import argparse
 import logging
 import os
+import sys
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
@@ -91,7 +92,7 @@ def create_app(retriever, limits: ServerLimits, batcher: MicroBatcher | None = N
         await batcher.stop()
 
     app = FastAPI(title="search-r1 retriever", lifespan=lifespan)
-    app.state.batcher = batcher
+    app.state.batcher, app.state.retriever = batcher, retriever
 
     @app.get("/health")
     async def health() -> dict:
@@ -188,13 +189,24 @@ def load_first_stage(args: argparse.Namespace):
 
 
 def load_retriever(args: argparse.Namespace):
-    """The first stage, behind the cross-encoder when ``--reranker_model`` is given."""
+    """The first stage, behind the cross-encoder when ``--reranker_model`` is given.
+
+    Raises:
+        FileNotFoundError: a reranker model that cannot be had (checked before the first stage
+            loads, so a long index load does not come first), or a missing index/corpus file.
+        ValueError: a missing web API key, a corpus that does not match its index, ...
+    """
+    reranker_path = None
+    if args.reranker_model:
+        from search_r1.search.reranker import resolve_model_path
+
+        reranker_path = resolve_model_path(args.reranker_model, flag="--reranker_model")
     retriever = load_first_stage(args)
-    if not args.reranker_model:
+    if reranker_path is None:
         return retriever
     from search_r1.search.reranker import CrossEncoderReranker, RerankedRetriever
 
-    reranker = CrossEncoderReranker(args.reranker_model, device=args.reranker_device,
+    reranker = CrossEncoderReranker(reranker_path, device=args.reranker_device,
                                     batch_size=args.reranker_batch_size, max_length=args.reranker_max_length)
     return RerankedRetriever(retriever, reranker, retrieval_topk=args.retrieval_topk)
 
@@ -270,6 +282,25 @@ def build_app(args: argparse.Namespace) -> FastAPI:
     return create_app(retriever, limits, batcher, name=args.retriever_name)
 
 
+def startup_line(args: argparse.Namespace, retriever) -> str:
+    """The server's one start-up line: what it serves (index path and type, corpus and its size, or
+    the web API), where, on which devices, and the reranker if any."""
+    info = retriever.describe()
+    if args.retriever_name in WEB_BACKENDS:
+        what, device = f"{info['kind']} web search {info['url']} ({info['mode']})", "none (remote API)"
+    else:
+        kind = "bm25" if info["kind"] == "bm25" else f"dense {info['index_type']}"
+        what = f"{kind} index {args.index_path}, corpus {args.corpus_path} ({info['index_size']} passages)"
+        device = "cpu" if info["kind"] == "bm25" else \
+            f"encoder {info['encoder_device']}, search {','.join(info['search_devices'])}"
+    line = f"retrieval server: {what} on http://{args.host}:{args.port}, device {device}"
+    if "reranker" in info:
+        reranker = info["reranker"]
+        line += (f", reranker {reranker['model']} on {reranker['device']} "
+                 f"({reranker['retrieval_topk']} candidates per query)")
+    return line
+
+
 def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
@@ -280,7 +311,15 @@ def main(argv: list[str] | None = None) -> None:
     # OpenMP libraries load, i.e. before the retriever imports torch/faiss.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=args.log_level.upper())
-    app = build_app(args)
+    try:
+        app = build_app(args)
+    except (ValueError, FileNotFoundError) as err:
+        # Start-up's user errors (a missing key, file or model, an index that does not match its
+        # corpus) name their culprit; a traceback would only bury that line (--log_level debug shows it).
+        logger.debug("start-up failed", exc_info=True)
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
+    print(startup_line(args, app.state.retriever), flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, access_log=False)
 
 

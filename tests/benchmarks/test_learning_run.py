@@ -40,6 +40,28 @@ def test_recipes_pass_the_start_up_check(algo, profile, tmp_path):
     assert make_run_plan(evaluation, 1).engine_max_model_len == make_run_plan(cfg, 1).engine_max_model_len
 
 
+def test_training_keeps_the_time_of_the_evaluations_due(tmp_path):
+    """The budget a call keeps from training: one measured evaluation time for each evaluation step
+    reached and not evaluated, one for the next evaluation step, and the stop grace."""
+    args = learning_run.parse_args(["--steps", "150", "--eval_steps", "0,50,100,150", "--save_freq", "10",
+                                    "--work_dir", str(tmp_path)])
+    run = learning_run.Run(tmp_path, "grpo")
+    run.root.mkdir(parents=True)
+    assert learning_run.reserved_s(args, run) == 0.0  # no evaluation measured yet
+    run.record_eval_seconds(60.0)  # step 0's
+    grace = learning_run.STOP_GRACE_S
+    assert learning_run.reserved_s(args, run) == 60.0 + grace  # step 50 may be reached
+    run.ckpt.mkdir()
+    (run.ckpt / "latest_checkpointed_iteration.txt").write_text("50")
+    assert learning_run.reserved_s(args, run) == 2 * 60.0 + grace  # step 50 due, step 100 ahead
+    run.evaluation(50).parent.mkdir(parents=True)
+    run.evaluation(50).write_text("{}")
+    run.record_eval_seconds(45.0)  # a shorter one does not lower the estimate
+    assert run.eval_seconds() == 60.0 and learning_run.reserved_s(args, run) == 60.0 + grace
+    (run.ckpt / "latest_checkpointed_iteration.txt").write_text("150")
+    assert learning_run.reserved_s(args, run) == 2 * 60.0 + grace  # steps 100 and 150 due, none ahead
+
+
 def test_eval_steps_must_be_checkpoints():
     with pytest.raises(SystemExit):
         learning_run.parse_args(["--eval_steps", "0,15", "--save_freq", "10"])
@@ -61,7 +83,18 @@ def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, ca
     first = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
     assert first["algorithm"] == "gae" and first["steps"] == 1 and list(first["evaluations"]) == ["0"]
 
+    assert run.eval_seconds() > 0  # step 0's evaluation, measured and kept in the run state
+    measured = run.eval_seconds()
+
+    def expect(seconds: float) -> None:
+        run.state.write_text(json.dumps({"eval_s": seconds}) + "\n")
+
+    expect(10 ** 6)  # evaluations that cannot fit in this call: training does not start
     capfd.readouterr()
+    assert learning_run.main(argv) == 3
+    assert "train: not started: " in capfd.readouterr().out and run.latest_step() == 1
+
+    expect(measured)
     assert learning_run.main(argv) == 0
     assert "resumed from" in capfd.readouterr().out
     result = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
@@ -70,9 +103,15 @@ def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, ca
     assert len(table["sources"]) == 7 and table["pooled"]["count"] == 7
     assert "2_vs_0" in result["comparisons"] and result["comparisons"]["2_vs_0"]["sources"]["nq"]["paired"]
     assert [row["step"] for row in result["curves"]] == [1, 2] and "critic/score/mean" in result["curves"][0]
-    assert "update_critic" in result["step_time_s"] and len(result["calls"]) == 2
-    assert result["calls"][1]["steps"] == [1, 2] and "train_ppo.sh" in result["train_command"]
+    assert "update_critic" in result["step_time_s"] and len(result["calls"]) == 3
+    assert result["calls"][2]["steps"] == [1, 2] and "train_ppo.sh" in result["train_command"]
     assert not run.export(1).parent.exists() and run.export(2).exists()  # pruned: only the latest stays
     assert (tmp_path / "out" / "learning_gae.png").stat().st_size > 0
     text = learning_run.report([str(tmp_path / "out" / "learning_gae.json")])
     assert "Step 2:" in text and "| **average** |" in text
+
+    run.evaluation(2).unlink()  # a result lost: step 2 is due again, but cannot fit in this call
+    expect(10 ** 6)
+    assert learning_run.main(argv) == 3
+    out = capfd.readouterr().out
+    assert "evaluate step 2: not run: it takes ~1000000 s and " in out and "the next call runs it first" in out

@@ -3,6 +3,7 @@
 import json
 import logging
 import re
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -12,6 +13,8 @@ import torch
 
 from verl.protocol import DataProto
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
+
+EXAMPLE_QA = Path(__file__).resolve().parents[2] / "example" / "qa"
 
 
 def check_item(item, tokenizer, length):
@@ -206,3 +209,49 @@ def test_overlong_jsonl_prompt_names_its_line(tmp_path, qwen_tokenizer):
     write_jsonl(path, [search_r1_guide_row(0, "short?", "x"), search_r1_guide_row(1, "long " * 200, "x")])
     with pytest.raises(ValueError, match=r"long.jsonl line 2 \(uid long-1\).*max_prompt_length=64"):
         RLHFDataset(path, qwen_tokenizer, filter_overlong_prompts=False, max_prompt_length=64)
+
+
+def test_flashrag_rows_train_as_the_data_scripts_would_write_them(processed_example, smollm2_tokenizer, tmp_path):
+    """FlashRAG QA files (``{"id", "question", "golden_answers"}``, Search-R1's data guide's start) given
+    directly to the trainer's loader get the rows scripts/data_process/ write: same prompt, answers,
+    data_source (FlashRAG's folder name) and uid; JSONL and parquet alike."""
+    import pandas as pd
+
+    from verl.trainer.ppo.config import default_config
+    from verl.trainer.ppo.trainer_setup import build_dataset
+
+    cfg = default_config(data={"max_start_length": 400})
+    flashrag = EXAMPLE_QA / "nq" / "train.jsonl"
+    direct = build_dataset(str(flashrag), smollm2_tokenizer, cfg, None).dataset
+    scripted = RLHFDataset(processed_example / "train.parquet", smollm2_tokenizer, max_prompt_length=400)
+    scripted_nq = [i for i, row in enumerate(scripted.rows) if row["data_source"] == "nq"]
+    assert len(direct) == len(scripted_nq) > 0
+    for i, j in enumerate(scripted_nq):
+        a, b = direct[i], scripted[j]
+        assert a["raw_prompt_ids"] == b["raw_prompt_ids"] and a["uid"] == b["uid"]
+        assert a["reward_model"] == b["reward_model"] and a["data_source"] == b["data_source"] == "nq"
+
+    rows = [json.loads(line) for line in flashrag.read_text().splitlines()[:3]]
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "train.jsonl").write_text("".join(json.dumps({k: r[k] for k in ("id", "question", "golden_answers")}) + "\n"
+                                              for r in rows))
+    pd.DataFrame([{k: r[k] for k in ("id", "question", "golden_answers")} for r in rows]).to_parquet(mine / "test.parquet")
+    for name in ("train.jsonl", "test.parquet"):
+        dataset = build_dataset(str(mine / name), smollm2_tokenizer, cfg, None).dataset
+        assert [dataset[i]["raw_prompt_ids"] for i in range(3)] == [direct[i]["raw_prompt_ids"] for i in range(3)]
+        # a folder that is no FlashRAG source name: exact match as for NQ, the split from the file name
+        assert dataset[0]["data_source"] == "nq" and dataset[0]["uid"] == f"nq-{name.split('.')[0]}-0"
+
+
+def test_rows_of_neither_form_name_both(smollm2_tokenizer, tmp_path):
+    from search_r1.qa_rows import FLASHRAG_FORM
+
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}\n{"question": "x"}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{path} line 2: no field 'prompt' (fields: ['question']); "
+                                                   "FlashRAG rows {'question', 'golden_answers'} are read too")):
+        RLHFDataset(path, smollm2_tokenizer, row_form=FLASHRAG_FORM)
+    path.write_text('{"question": " ", "golden_answers": ["Shakespeare"]}\n')
+    with pytest.raises(ValueError, match=re.escape(f"{path} line 1: a FlashRAG row needs a non-empty 'question'")):
+        RLHFDataset(path, smollm2_tokenizer, row_form=FLASHRAG_FORM)

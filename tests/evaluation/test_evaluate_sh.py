@@ -1,8 +1,9 @@
 """``bash evaluate.sh`` as a user runs it: the embedded default end to end, and its one-line errors.
 
-The end-to-end run is the CPU default (SmolLM2-135M-Instruct, the example/ test sets, a BM25
-retriever that evaluate.sh starts and stops itself, Ray workers, the transformers engine) on the
-first question of each of the seven sources.
+The end-to-end run is the CPU default without a model named and no quick-start checkpoint (so the
+SmolLM2 warm start, built once and cached), the example/ test sets, a BM25 retriever that
+evaluate.sh starts at the ``RETRIEVER_URL`` given and stops itself, Ray workers, the transformers
+engine, on the first question of each of the seven sources.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -18,6 +20,7 @@ import pandas as pd
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "scripts"))
 
 
 def _free_port() -> int:
@@ -27,7 +30,8 @@ def _free_port() -> int:
 
 
 def _evaluate(args: list[str], timeout: int = 600, **env) -> subprocess.CompletedProcess:
-    child_env = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "BASE_MODEL", "RETRIEVER_URL")}
+    child_env = {k: v for k, v in os.environ.items()
+                 if k not in ("DATA_DIR", "BASE_MODEL", "RETRIEVER_URL", "START_RETRIEVER", "CKPT_DIR")}
     child_env.update(PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1", **env)
     return subprocess.run(["bash", str(REPO / "evaluate.sh"), *args], cwd=REPO, env=child_env,
                           capture_output=True, text=True, timeout=timeout)
@@ -43,7 +47,9 @@ def _error_line(result: subprocess.CompletedProcess) -> str:
 def embedded_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
     url = f"http://127.0.0.1:{_free_port()}/retrieve"
-    result = _evaluate(["--max_per_source", "1"], ROLLOUT_NAME="hf", RETRIEVER_URL=url, START_RETRIEVER="1",
+    # RETRIEVER_URL as README's "sharing the machine" gives it: a server is still started there;
+    # CKPT_DIR without a checkpoint: the no-argument run falls back to the warm start
+    result = _evaluate(["--max_per_source", "1"], ROLLOUT_NAME="hf", RETRIEVER_URL=url, CKPT_DIR=str(root / "no_run"),
                        DATA_DIR=str(root / "data"), QA_DIR="example/qa", OUTPUT_DIR=str(root / "out"))
     return result, root / "out", url
 
@@ -52,6 +58,10 @@ def embedded_run(tmp_path_factory):
 def test_embedded_default_end_to_end(embedded_run):
     result, out, url = embedded_run
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    assert f"+ retrieval server on {url}" in result.stdout
+    import warm_start
+
+    assert f"evaluating {warm_start.warm_start_dir()} (the SmolLM2 warm start; no checkpoint under " in result.stdout
     assert "validation: 100%" in result.stderr and "7/7" in result.stderr  # the progress bar over questions
     assert "batch 1, turn 1/" in result.stderr and "rows generating" in result.stderr  # ... moved on every turn
     with pytest.raises(httpx.HTTPError):  # the retriever evaluate.sh started is stopped again
@@ -66,6 +76,9 @@ def test_embedded_default_end_to_end(embedded_run):
     for key in ("output", "answer", "em", "score", "valid_search", "response_tokens", "turns", "finished"):
         assert key in first, key
     assert all(0 < r["response_tokens"] <= r["response_length"] for r in records)
+    # the warm start searches and answers within evaluation's turn budgets (not a table of zeros)
+    assert sum(r["valid_search"] for r in records) > 0 and sum("</answer>" in r["output"] for r in records) > 0
+    assert evaluation_settings(out)["max_response_length"] == 96
 
     evaluation = json.loads((out / "evaluation.json").read_text())
     table = evaluation["table"]
@@ -103,7 +116,7 @@ def test_unreachable_retriever_is_one_line(tiny_model, tmp_path):
     data.mkdir()
     _search_r1_rows().to_parquet(data / "test.parquet")
     url = f"http://127.0.0.1:{_free_port()}/retrieve"
-    line = _error_line(_evaluate([], BASE_MODEL=tiny_model, DATA_DIR=str(data), RETRIEVER_URL=url))
+    line = _error_line(_evaluate([], BASE_MODEL=tiny_model, DATA_DIR=str(data), RETRIEVER_URL=url, START_RETRIEVER="0"))
     assert f"no retriever answers at {url}" in line and "retrieval_launch.sh" in line
 
 
@@ -114,6 +127,34 @@ def test_parquet_without_expected_columns_is_one_line(tiny_model, tmp_path):
     line = _error_line(_evaluate([], BASE_MODEL=tiny_model, DATA_DIR=str(data),
                                  RETRIEVER_URL="http://127.0.0.1:9/retrieve"))
     assert str(data / "test.parquet") in line and "'reward_model'" in line and "qa_search_test_merge.py" in line
+
+
+def evaluation_settings(out: Path) -> dict:
+    return json.loads((out / "evaluation.json").read_text())["settings"]
+
+
+def test_without_a_model_the_quick_starts_latest_export_is_evaluated(tmp_path):
+    """The no-argument run takes the newest complete checkpoint of the quick start's run (its
+    ``huggingface/`` export), written by the trainer's own checkpoint writer."""
+    import evaluate
+
+    from verl.trainer.ppo import checkpointing
+
+    def export(folder: Path) -> None:
+        (folder / "huggingface").mkdir()
+        (folder / "huggingface" / "config.json").write_text("{}")
+
+    run = tmp_path / "example-grpo-smollm2"
+    for step in (3, 6):
+        checkpointing.save_checkpoint(run, step, {}, export)
+    model, what = evaluate.default_model(str(run))
+    assert model == str(run / "global_step_6" / "huggingface") and what == f"the latest checkpoint of {run}"
+
+
+def test_a_config_typo_fails_before_any_model_or_server(tmp_path):
+    result = _evaluate(["trainer.total_epochz=1"], CKPT_DIR=str(tmp_path / "no_run"), SEARCH_R1_CACHE=str(tmp_path))
+    assert "did you mean 'total_epochs'?" in _error_line(result)
+    assert "evaluating" not in result.stdout and "+ " not in result.stdout and list(tmp_path.iterdir()) == []
 
 
 @pytest.fixture(scope="module")

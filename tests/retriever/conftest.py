@@ -202,3 +202,21 @@ def example_bm25(tmp_path_factory) -> tuple[Path, Path]:
     save_dir = tmp_path_factory.mktemp("example_bm25")
     index_builder.main(["--retrieval_method", "bm25", "--corpus_path", str(corpus), "--save_dir", str(save_dir)])
     return save_dir / "bm25", corpus
+
+
+EXAMPLE_DENSE_PASSAGES = 256
+
+
+@pytest.fixture(scope="session")
+def example_dense(tmp_path_factory) -> tuple[Path, Path]:
+    """A MiniLM Flat index of the first 256 passages of ``example/corpus.jsonl`` (seconds to encode;
+    no shared data): ``(index file, corpus file)``."""
+    from search_r1.search import index_builder
+
+    save_dir = tmp_path_factory.mktemp("example_dense")
+    corpus = save_dir / "corpus.jsonl"
+    with open(REPO / "example" / "corpus.jsonl") as handle:
+        corpus.write_text("".join(line for _, line in zip(range(EXAMPLE_DENSE_PASSAGES), handle)))
+    index_builder.main(["--retrieval_method", "minilm", "--corpus_path", str(corpus), "--save_dir", str(save_dir),
+                        "--batch_size", "32", "--device", "cpu"])
+    return save_dir / "minilm_Flat.index", corpus

@@ -70,6 +70,20 @@ def test_bm25_reloads_with_same_results(bm25_index, test_corpus):
     assert np.allclose([h["score"] for h in a[0]], [h["score"] for h in b[0]], atol=1e-5)
 
 
+def test_bm25_returns_only_passages_that_match(example_bm25):
+    """A query matching one passage gets that one, not two score-0 fillers; a query matching none
+    gets an empty list, which renders as the empty search the trainer counts."""
+    from search_r1.search.client import format_observation, format_passages
+
+    index, corpus = example_bm25
+    retriever = load_bm25_retriever(str(index), str(corpus))
+    cziffra, berkshire, nothing, empty = retriever.search(["Cziffra", "flag of Berkshire", "zzqxv", ""], topk=3)
+    assert len(cziffra) == 1 and "Cziffra" in cziffra[0]["document"]["contents"] and cziffra[0]["score"] > 0
+    assert len(berkshire) == 3 and all(hit["score"] > 0 for hit in berkshire)
+    assert nothing == [] and empty == []
+    assert format_observation(format_passages(nothing)) == "\n\n<information></information>\n\n"
+
+
 def test_flashrag_e5_index_loads_unchanged(shared_corpus_dir):
     """FlashRAG's e5 Flat index + its corpus, no meta: searched with its own stored vectors."""
     index_path = shared_corpus_dir / "wiki18_flashrag_sample.e5_flat.index"

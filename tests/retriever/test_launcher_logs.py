@@ -79,12 +79,15 @@ def test_quickstart_puts_the_log_beside_the_run(bm25, temp_dir, tmp_path):
 
     corpus, index = bm25
     url = f"http://127.0.0.1:{free_port()}/retrieve"
+    from verl.trainer.main_ppo import parse_config
+
     args, overrides = quickstart.parse_args(["--corpus", str(corpus), "--index-dir", str(index), "--retriever-url",
                                              url, f"trainer.default_local_dir={tmp_path / 'run'}"])
-    out = quickstart.run_output_dir(overrides)
+    out = quickstart.run_output_dir(parse_config(overrides))
     assert out == tmp_path / "run"
     with quickstart.local_retriever(args, out / "logs" / "retrieval_server.log"):
         assert _search(url)
     assert (tmp_path / "run" / "logs" / "retrieval_server.log").is_file()
     assert list(temp_dir.iterdir()) == []
-    assert quickstart.run_output_dir(["trainer.total_training_steps=3"]) is None
+    relative = parse_config(["trainer.experiment_name=mine", "trainer.default_local_dir=checkpoints/${.experiment_name}"])
+    assert quickstart.run_output_dir(relative) == REPO / "checkpoints" / "mine"  # as the train scripts set it

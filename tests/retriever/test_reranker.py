@@ -2,15 +2,18 @@
 documented command (``example/retriever/serve_reranked.sh``) behind BM25 and behind a web backend.
 
 The reranker is a real fine-tune of the shipped MiniLM weights by ``scripts/build_reranker.py``,
-shortened to fit a test on 2 CPU cores (gold-labelled training questions only, a few dozen steps),
-cached under ``~/.cache/search_r1/test_reranker`` keyed by the builder's and the reranker's source.
+shortened to fit a test on 2 CPU cores (gold-labelled training questions only, a few dozen steps), on
+the shared data or, without them, on the repo's example/ data, cached under
+``~/.cache/search_r1/test_reranker`` keyed by the data and by the builder's and the reranker's source.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,12 +29,13 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 
 @pytest.fixture(scope="session")
-def small_reranker(shared_corpus_dir) -> str:
+def small_reranker() -> str:
     import build_reranker
 
     from verl.utils.model_zoo import cache_root
 
-    digest = hashlib.sha1()
+    data = build_reranker.find_training_data()
+    digest = hashlib.sha1(data.source.encode())
     for path in (REPO / "scripts/build_reranker.py", REPO / "search_r1/search/reranker.py"):
         digest.update(path.read_bytes())
     target = cache_root() / "test_reranker" / f"{digest.hexdigest()[:16]}-{TEST_STEPS}"
@@ -39,7 +43,7 @@ def small_reranker(shared_corpus_dir) -> str:
         target.parent.mkdir(parents=True, exist_ok=True)
         recipe = build_reranker.Recipe(max_steps=TEST_STEPS, num_weak_questions=0, groups_per_step=4,
                                        random_negatives=3)  # easy negatives: some signal within 40 steps
-        build_reranker.build(target, recipe, data=shared_corpus_dir.parent)
+        build_reranker.build(target, recipe, data)
     return str(target)
 
 
@@ -173,3 +177,42 @@ def test_reranker_behind_a_web_backend(small_reranker, scripted_server):
                           timeout=60).json()["result"][0]
         assert len(hits) == 3 and all(h["document"]["contents"].startswith('"moon result') for h in hits)
         assert api.requests[0]["params"]["count"] == ["6"]  # the candidates come from the web API
+
+
+def test_without_shared_data_the_example_builds_from_example_data(tmp_path, example_bm25):
+    """The documented build command with no shared data trains on example/ and says so; the example
+    serve script without RERANKER then serves that model (here a 3-step build, found in the cache)."""
+    from search_r1.search.reranker import CrossEncoderReranker
+
+    import build_reranker
+
+    empty, cache = tmp_path / "no_shared_data", tmp_path / "cache"
+    empty.mkdir()
+    env = {**os.environ, "SEARCH_R1_SHARED_DATA": str(empty), "SEARCH_R1_CACHE": str(cache), "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    target = cache / "reranker" / f"{build_reranker.RERANKER_NAME}-example"
+    build = subprocess.run([sys.executable, str(REPO / "scripts/build_reranker.py"), "--output", str(target),
+                            "--max_steps", "3"], capture_output=True, text=True, env=env, timeout=900)
+    assert build.returncode == 0, build.stderr[-3000:]
+    assert build.stdout.strip() == str(target)  # stdout is the folder alone; progress went to stderr
+    assert f"no shared data at {empty}" in build.stderr and "example/ data" in build.stderr
+    card = json.loads((target / "search_r1_reranker.json").read_text())
+    assert card["training_data"] == {"source": "example", "corpus_files": [str(REPO / "example/corpus.jsonl")],
+                                     "qa_dir": str(REPO / "example/qa")}
+    assert card["training"]["steps"] == 3 and card["data"]["train"]["questions"] > 0
+    scores = CrossEncoderReranker(str(target), device="cpu").score(["capital of australia"] * 2, [
+        '(Title: "Canberra") Canberra is the capital city of Australia.', '(Title: "Jupiter") A planet.'])
+    assert scores.shape == (2,) and np.isfinite(scores).all()
+
+    index, corpus = example_bm25
+    env.update(INDEX=str(index), CORPUS=str(corpus), RETRIEVER="bm25", FAISS_GPU="0")
+    env.pop("RERANKER", None)
+    command = ["bash", str(REPO / "example/retriever/serve_reranked.sh")]
+    with launch_server([], command=command, env=env, startup_timeout=300) as server:
+        assert httpx.get(server.url + "/health").json()["reranker"]["model"] == str(target)
+        hits = httpx.post(server.retrieve_url, json={"queries": ["capital of australia"], "return_scores": True},
+                          timeout=60).json()["result"][0]
+        assert len(hits) == 3
+        log = server.log_tail(20000)
+        assert "cached, trained on the repo's example/ data" in log
+        assert f", reranker {target} on cpu (10 candidates per query)" in log  # the server's start-up line

@@ -63,6 +63,7 @@ def test_full_step_through_ray(algo, engine, tiny_qwen_path, qa_parquet, retriev
         assert "actor/kl_loss" in metrics
     assert (out / "latest_checkpointed_iteration.txt").read_text() == "1"
     assert sum(1 for _ in open(tmp_path / "val" / "1.jsonl")) == 4
+    assert "at step 1" in (tmp_path / "val" / "1.html").read_text()  # the dump's trajectory report
     exported = _hf_state(out / "global_step_1" / "huggingface")
     initial = _hf_state(Path(tiny_qwen_path))
     assert any(not torch.equal(exported[k], initial[k]) for k in initial), "the actor update changed nothing"

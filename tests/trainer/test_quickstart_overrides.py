@@ -22,7 +22,14 @@ def test_warm_start_leaves_a_model_the_user_chose(monkeypatch, tmp_path, capsys)
     (the CPU default) a model other than SmolLM2 is trained as given, not replaced by the warm start."""
     monkeypatch.setenv("WARM_START", "1")
     overrides = ["actor_rollout_ref.model.path=/shipped/smollm2", f"actor_rollout_ref.model.path={tmp_path}"]
-    assert quickstart.maybe_warm_start(overrides) == overrides
+    assert quickstart.choose_model(overrides) == overrides
     assert f"warm start: skipped, the run trains {tmp_path}" in capsys.readouterr().out
     monkeypatch.setenv("WARM_START", "0")
-    assert quickstart.maybe_warm_start(["x=1"]) == ["x=1"]
+    assert quickstart.choose_model(overrides) == overrides
+
+
+def test_without_a_model_the_embedded_default_is_smollm2(monkeypatch, smollm2_path):
+    """train_*.sh name a model only when BASE_MODEL is set (so nothing is converted before the
+    configuration is checked); without one the run trains SmolLM2 (warm-started with WARM_START=1)."""
+    monkeypatch.setenv("WARM_START", "0")
+    assert quickstart.choose_model(["x=1"]) == ["x=1", f"actor_rollout_ref.model.path={smollm2_path}"]

@@ -147,3 +147,71 @@ def test_trainer_names_a_data_source_without_a_reward(tiny_qwen_path, qa_parquet
     train = _write_rows(tmp_path / "mydata.parquet", qa_parquet, data_source="mydata")
     line = _one_error_line(_trainer(tiny_qwen_path, train, "do_search=false"))
     assert line.startswith(f"error: {train}: data_source 'mydata' has no reward function") and "'nq'" in line
+
+
+def _train_script(tmp_path, *overrides: str, **env: str) -> subprocess.CompletedProcess:
+    """``bash train_grpo.sh`` on the CPU default, with an empty model cache (a fresh machine)."""
+    cache = tmp_path / "cache"
+    cache.mkdir(exist_ok=True)
+    return _run(["bash", "train_grpo.sh", *overrides], {"N_GPUS": "0", "SEARCH_R1_CACHE": str(cache), **env},
+                timeout=300)
+
+
+def _built_nothing(tmp_path, result: subprocess.CompletedProcess) -> None:
+    assert list((tmp_path / "cache").iterdir()) == []  # neither SmolLM2's conversion nor the warm start
+    commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert commands == []  # no data build, index build, retrieval server or trainer
+
+
+def test_train_script_checks_the_configuration_before_building_anything(tmp_path):
+    result = _train_script(tmp_path, "trainer.total_epochz=1")
+    line = _one_error_line(result)
+    assert line == "error: trainer.total_epochz: Key 'total_epochz' not in 'TrainerConfig'; did you mean 'total_epochs'?"
+    _built_nothing(tmp_path, result)
+
+
+def test_train_script_never_fills_a_data_dir(tmp_path):
+    data = tmp_path / "mine"
+    data.mkdir()
+    result = _train_script(tmp_path, DATA_DIR=str(data))
+    line = _one_error_line(result)
+    assert line.startswith(f"error: DATA_DIR={data}: the folder {data} has no train.parquet, test.parquet "
+                           f"(looked for {data / 'train.parquet'}, {data / 'test.parquet'})")
+    assert list(data.iterdir()) == []
+    _built_nothing(tmp_path, result)
+
+
+def test_train_script_refuses_a_checkpoint_it_cannot_continue(tmp_path):
+    """docs/quickstart.md's custom-data command after the quick start: the quick start's checkpoint
+    (same experiment folder) was trained on other data, or has passed the target step."""
+    from verl.trainer.ppo import checkpointing
+    from verl.trainer.ppo.resume_check import RECORD_KEY, train_data_record
+
+    quick, mine = tmp_path / "quick.jsonl", tmp_path / "mine.jsonl"
+    quick.write_text('{"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}\n')
+    mine.write_text('{"question": "who painted the mona lisa", "golden_answers": ["Leonardo da Vinci"]}\n')
+    ckpt = tmp_path / "ckpt"
+    checkpointing.save_checkpoint(ckpt, 3, {"data": {"epoch": 0, "position": 3}, "kl_coef": 0.0,
+                                            RECORD_KEY: train_data_record(str(quick))}, lambda folder: None)
+    steps = "trainer.total_training_steps=2"
+    result = _train_script(tmp_path, f"data.train_files={mine}", f"data.val_files={mine}", steps, CKPT_DIR=str(ckpt))
+    line = _one_error_line(result)
+    assert f"{ckpt / 'global_step_3'} was trained on {quick}, not on data.train_files={mine}" in line
+    assert "EXPERIMENT_NAME=NAME" in line
+    _built_nothing(tmp_path, result)
+    result = _train_script(tmp_path, f"data.train_files={quick}", f"data.val_files={mine}", steps, CKPT_DIR=str(ckpt))
+    assert "is already at global step 3 and this run trains to step 2: nothing to train" in _one_error_line(result)
+    _built_nothing(tmp_path, result)
+
+
+def test_trainer_names_data_smaller_than_one_batch(tiny_qwen_path, tmp_path):
+    """A user's first JSONL (FlashRAG's form, read directly) with fewer questions than a batch."""
+    from .helpers import tiny_overrides
+
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"id": "0", "question": "who wrote hamlet", "golden_answers": ["William Shakespeare"]}\n')
+    overrides = tiny_overrides(tiny_qwen_path, {"train": str(train), "test": str(train)}, "http://127.0.0.1:9/retrieve",
+                               tmp_path / "run", "grpo")
+    line = _one_error_line(_run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "do_search=false"],
+                                timeout=300))
+    assert line == f"error: data.train_batch_size=3 is larger than the dataset (1 rows); data.train_files={train}"

@@ -47,7 +47,7 @@ def dataset(tokenizer, tmp_path_factory):
     return RLHFDataset(str(path), tokenizer, max_prompt_length=512)
 
 
-def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, progress: bool = False) -> dict:
+def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, report=None, progress: bool = False) -> dict:
     prompts = [dataset[i]["raw_prompt_ids"] for i in range(len(dataset))]
     scripts = [[f"<answer> {i} </answer>"] if i == FINISHED_ROW else ["<search> number </search>", "<search> a number </search>"]
                for i in range(len(dataset))]
@@ -63,7 +63,7 @@ def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, progress: bool
 
     batches = iterate_in_order(dataset, collate_fn, batch_size)
     return run_validation(batches, generate, RewardManager(tokenizer), tokenizer, dump_dir=dump_dir,
-                          global_step=3, progress=progress)
+                          global_step=3, progress=progress, report=report)
 
 
 def test_uneven_batches_weigh_every_question_once(dataset, tokenizer, tmp_path):
@@ -92,6 +92,29 @@ def test_uneven_batches_weigh_every_question_once(dataset, tokenizer, tmp_path):
     assert other["valid_search"] == 2 and other["turns"] == 2
     assert other["response_length"] > other["response_tokens"]  # the observation is not generated
     assert np.mean([r["finished"] for r in records]) == pytest.approx(uneven["val/env/finish_ratio"])
+
+
+def test_the_trainer_writes_a_report_beside_each_dump(dataset, tokenizer, tmp_path):
+    """With trainer.validation_data_dir the trainer's report (trainer_setup.build_validation_report)
+    goes to <dir>/<step>.html: the summary over all 101 questions, the trajectories of the first
+    validation_report_questions of each source in turn."""
+    from tests.report.helpers import page_data
+    from verl.trainer.main_ppo import parse_config
+    from verl.trainer.ppo.trainer_setup import build_validation_report
+
+    overrides = [f"trainer.validation_data_dir={tmp_path}", "trainer.experiment_name=exp"]
+    assert build_validation_report(parse_config(overrides[1:])) is None
+    assert build_validation_report(parse_config(overrides + ["trainer.validation_report_questions=0"])) is None
+    report = build_validation_report(parse_config(overrides + ["trainer.validation_report_questions=6"]))
+    _validate(dataset, tokenizer, batch_size=50, dump_dir=tmp_path, report=report)
+    html = (tmp_path / "3.html").read_text()
+    assert "Validation of exp at step 3" in html and "<td>nq</td><td>50</td>" in html
+    assert "<td>hotpotqa</td><td>51</td>" in html and "Trajectories of 6 of the 101 questions" in html
+    questions = page_data(html)["questions"]
+    assert [q["uid"] for q in questions] == [f"q-{i}" for i in range(6)]
+    searched = questions[0]["sides"][0]
+    assert [t["action"] for t in searched["turns"]] == ["search", "search"]
+    assert searched["turns"][0]["observation"] == "empty"  # do_search=False: an empty <information> block
 
 
 def test_question_of_reads_the_template_field():

@@ -11,6 +11,8 @@ critic). It evaluates ``actor_rollout_ref.model.path`` (a checkpoint's ``hugging
                       format reward is on, count, searches and response tokens per question), the
                       Search-R1 Table-2 average (mean of per-source EMs), settings, commit, command
     evaluation.md     the same table in Markdown (also printed)
+    report.html       with ``evaluation.html=true`` (``evaluate.sh --html``): the table and every
+                      question's trajectory, with filters (``search_r1.report``)
 
 Inputs are checked first (model, parquet columns, retriever), each failing with one line.
 ``trainer.val_only=true`` through ``main_ppo`` (Search-R1's ``evaluate.sh``) still works and
@@ -109,14 +111,22 @@ def run_eval(cfg: PPOConfig, data_files: list[str]) -> dict:
     rm = cfg.reward_model
     format_reward = rm.style == "format" or bool(rm.structure_format_score or rm.final_format_score
                                                  or rm.retrieval_score)
-    table = report.summarise(read_records(questions), format_reward, cfg.evaluation.num_resamples)
+    records = read_records(questions)
+    table = report.summarise(records, format_reward, cfg.evaluation.num_resamples)
     result = {"model": cfg.actor_rollout_ref.model.path, "step": trainer.global_step,
               "data": [str(Path(f).resolve()) for f in data_files], "max_per_source": cfg.evaluation.max_per_source,
               "settings": settings(cfg), "metrics": metrics, "table": table, **provenance()}
     (out_dir / "evaluation.json").write_text(json.dumps(result, indent=1) + "\n")
     text = markdown(result)
     (out_dir / "evaluation.md").write_text(text + "\n")
-    print(f"\n{text}\n\nwrote {out_dir / 'evaluation.md'}, {out_dir / 'evaluation.json'} and {questions}", flush=True)
+    written = [out_dir / "evaluation.md", out_dir / "evaluation.json", questions]
+    if cfg.evaluation.html:
+        from search_r1.report import write_report
+
+        written.append(write_report(records, out_dir / "report.html",
+                                    f"Evaluation of {result['model']} (step {result['step']})", out_dir.name, table=table,
+                                    details=(f"{result['date']}, commit {str(result['commit'])[:10]}", str(questions))))
+    print(f"\n{text}\n\nwrote {', '.join(map(str, written[:-1]))} and {written[-1]}", flush=True)
     return result
 
 

@@ -46,9 +46,8 @@ def run_ppo(config: PPOConfig) -> dict:
     return metrics
 
 
-def check_paths(config: PPOConfig) -> None:
-    """The models the run loads exist (a folder, or a hub id that can be fetched), so do its
-    data files, and a retriever answers at ``retriever.url`` when the run searches.
+def check_models(config: PPOConfig) -> None:
+    """The models the run loads exist (a folder, or a hub id that can be fetched).
 
     Raises:
         ValueError: naming the key and its value.
@@ -58,12 +57,30 @@ def check_paths(config: PPOConfig) -> None:
         check_model_path(config.data.tokenizer, "data.tokenizer")
     if needs_critic(config):
         check_model_path(config.critic.model.path, "critic.model.path")
+
+
+def check_data_files(config: PPOConfig) -> None:
+    """``data.train_files`` and ``data.val_files`` exist.
+
+    Raises:
+        ValueError: naming the key and the missing file.
+    """
     for key in ("train_files", "val_files"):
         files = getattr(config.data, key)
         for path in [files] if isinstance(files, str) else list(files):
             if not Path(path).expanduser().is_file():
                 raise ValueError(f"data.{key}={path}: no such file; write the parquet files with "
                                  f"scripts/data_process/ (README, Data) or point data.{key} at them")
+
+
+def check_paths(config: PPOConfig) -> None:
+    """The models and data files exist, and a retriever answers at ``retriever.url`` when the run searches.
+
+    Raises:
+        ValueError: naming the key and its value.
+    """
+    check_models(config)
+    check_data_files(config)
     if config.do_search:
         check_retriever(config.retriever.url)
 

@@ -16,3 +16,6 @@ class EvaluationConfig:
     """only the first N questions of each data source (file order); `null`: all"""
     num_resamples: int = 2000
     """bootstrap resamples of the 95% intervals"""
+    html: bool = False
+    """also write `report.html`: the summary and every question's trajectory, with filters
+    (`evaluate.sh --html`; docs/evaluation.md)"""

@@ -7,7 +7,8 @@ Layout (veRL's, so its tools find it)::
             actor/            worker state: model, optimizer, LR scheduler, RNG (written by the worker)
             critic/           same for the critic (PPO)
             huggingface/      the actor as an HF folder (AutoModelForCausalLM.from_pretrained)
-            trainer_state.json  global step, data-sampler position, KL coefficient, controller RNG
+            trainer_state.json  global step, data-sampler position, KL coefficient, controller RNG,
+                                what it was trained on (``train_data``: the train files and their hashes)
         latest_checkpointed_iteration.txt
 
 Why atomic: a crash while saving must never leave a folder that looks complete. Everything is

@@ -59,7 +59,11 @@ class TrainerConfig:
     val_only: bool = False
     """validate (the resumed checkpoint) and exit"""
     validation_data_dir: Optional[str] = None
-    """write per-sample validation generations to `<dir>/<step>.jsonl`"""
+    """write per-sample validation generations to `<dir>/<step>.jsonl`, and their trajectory report to
+    `<dir>/<step>.html` (docs/evaluation.md)"""
+    validation_report_questions: int = 1000
+    """trajectories the `<step>.html` report holds at most, taken source by source (its summary counts
+    every question); 0: no report"""
     critic_warmup: int = 0
     """steps that update only the critic before the actor starts"""
     seed: int = 1
@@ -67,7 +71,8 @@ class TrainerConfig:
     default_local_dir: str = "verl_checkpoints/${.experiment_name}"
     """checkpoint root: `global_step_N/{actor,critic,huggingface}`, `latest_checkpointed_iteration.txt`"""
     resume_mode: str = "auto"
-    """`auto` (latest complete checkpoint), `disable`, or a `global_step_N` folder"""
+    """`auto` (latest complete checkpoint), `disable`, or a `global_step_N` folder; a checkpoint trained on other
+    data (`trainer_state.json` records the train files) or already at the target step stops the run at start"""
     max_actor_ckpt_to_keep: Optional[int] = None
     """keep at most N checkpoints, pruned as whole step folders (`null`: all)"""
     export_hf: bool = True

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
-from verl.trainer.ppo import checkpointing, metric_utils, stages
+from verl.trainer.ppo import checkpointing, metric_utils, resume_check, stages
 from verl.trainer.ppo.validation import run_validation
 from verl.utils.timer import timer
 
@@ -37,12 +37,17 @@ class RayPPOTrainer:
     """PPO (``gae`` + critic) and GRPO (``grpo``, no critic) over multi-turn search rollouts."""
 
     def __init__(self, config, plan, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
-                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0):
-        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values)."""
+                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0,
+                 val_report: Callable | None = None, train_data: list[dict] | None = None):
+        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values); ``val_report``:
+        writes the report beside each validation dump (``validation.run_validation``'s ``report``);
+        ``train_data``: what the run trains on (:func:`~verl.trainer.ppo.resume_check.train_data_record`),
+        kept in each checkpoint."""
         self.config, self.plan, self.tokenizer, self.workers = config, plan, tokenizer, workers
         self.train_loader, self.val_batches = train_loader, val_batches
         self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
-        self.kl_ctrl, self.tracker, self.num_params = kl_ctrl, tracker, num_params
+        self.kl_ctrl, self.tracker, self.num_params, self.val_report = kl_ctrl, tracker, num_params, val_report
+        self.train_data = train_data
         self.total_steps = plan.total_training_steps
         from verl.trainer.ppo.rollout_adapter import sampling_params
 
@@ -152,7 +157,8 @@ class RayPPOTrainer:
             return self.generate(batch, self.val_params, on_turn)
 
         return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer,
-                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step)
+                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step,
+                              report=self.val_report)
 
     # ------------------------------------------------------------------------------- checkpoints
     def save(self) -> None:
@@ -165,7 +171,8 @@ class RayPPOTrainer:
             if trainer_cfg.export_hf:
                 w.actor_rollout.export_hf(str(folder / "huggingface"))
 
-        state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value)}
+        state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value),
+                 resume_check.RECORD_KEY: self.train_data}
         try:
             checkpointing.save_checkpoint(trainer_cfg.default_local_dir, self.global_step, state, save_workers,
                                           max_to_keep=trainer_cfg.max_actor_ckpt_to_keep)

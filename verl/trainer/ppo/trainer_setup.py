@@ -15,6 +15,7 @@ from verl import algorithms
 from verl.trainer.ppo.config import PPOConfig
 from verl.trainer.ppo.data_loading import BatchLoader, ResumableBatchSampler, iterate_in_order
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+from verl.trainer.ppo.resume_check import check_resume, train_data_record
 from verl.trainer.ppo.rollout_adapter import WorkerGroupEngine
 from verl.trainer.ppo.run_plan import RunPlan, make_run_plan
 from verl.utils.config import ConfigError, to_plain
@@ -55,6 +56,12 @@ class _Head:
 
 
 def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None):
+    """The prompts of ``files``: Search-R1 rows, or FlashRAG QA rows given the environment's prompt on load.
+
+    Raises:
+        ConfigError: a missing file, column or field, or a bad row (naming file, row and field).
+    """
+    from search_r1.qa_rows import FLASHRAG_FORM
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     files = [files] if isinstance(files, str) else list(files)
@@ -65,7 +72,7 @@ def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None):
         dataset = RLHFDataset(files, tokenizer, prompt_key=cfg.data.prompt_key,
                               max_prompt_length=cfg.data.max_start_length,
                               filter_overlong_prompts=cfg.data.filter_overlong_prompts,
-                              return_raw_chat=cfg.data.return_raw_chat)
+                              return_raw_chat=cfg.data.return_raw_chat, row_form=FLASHRAG_FORM)
     except (ValueError, FileNotFoundError) as error:  # the message names file, row and field
         raise ConfigError(str(error)) from None
     check_data_sources(dataset.rows, files)
@@ -98,6 +105,22 @@ def build_generation_manager(cfg: PPOConfig, tokenizer, engine, plan: RunPlan):
                                 max_retries=cfg.retriever.max_retries,
                                 max_concurrency=cfg.retriever.max_concurrency) if cfg.do_search else None
     return LLMGenerationManager(tokenizer, engine, gen_config, retriever)
+
+
+def build_validation_report(cfg: PPOConfig):
+    """``(records, path) -> None`` writing the trajectory report of a validation dump
+    (``<trainer.validation_data_dir>/<step>.html``), or None without a dump folder or with
+    ``trainer.validation_report_questions`` 0."""
+    limit = cfg.trainer.validation_report_questions
+    if not cfg.trainer.validation_data_dir or limit <= 0:
+        return None
+    from search_r1.report import write_report
+
+    def report(records: list[dict], path: Path) -> None:
+        write_report(records, path, f"Validation of {cfg.trainer.experiment_name} at step {path.stem}",
+                     f"step {path.stem}", max_questions=limit, details=(str(path.with_suffix(".jsonl")),))
+
+    return report
 
 
 def build_reward_fn(cfg: PPOConfig, tokenizer, num_examine: int):
@@ -136,9 +159,14 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
     tokenizer = load_tokenizer(cfg)
     train_set = build_dataset(cfg.data.train_files, tokenizer, cfg, cfg.data.train_data_num)
     val_set = build_dataset(cfg.data.val_files, tokenizer, cfg, cfg.data.val_data_num)
-    sampler = ResumableBatchSampler(len(train_set), cfg.data.train_batch_size,
-                                    shuffle=cfg.data.shuffle_train_dataloader, seed=cfg.data.seed)
+    try:
+        sampler = ResumableBatchSampler(len(train_set), cfg.data.train_batch_size,
+                                        shuffle=cfg.data.shuffle_train_dataloader, seed=cfg.data.seed)
+    except ValueError as error:  # fewer rows than one batch: the user's data or batch size
+        raise ConfigError(f"{error}; data.train_files={cfg.data.train_files}") from None
     plan = make_run_plan(cfg, sampler.batches_per_epoch)
+    train_data = train_data_record(cfg.data.train_files)
+    check_resume(cfg, train_data, plan.total_training_steps)
     print(plan.describe(), flush=True)
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, list(cfg.trainer.logger),
                        cfg.trainer.log_dir, config=to_plain(cfg))
@@ -153,7 +181,8 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
             reward_fn=build_reward_fn(cfg, tokenizer, cfg.reward_model.num_examine),
             val_reward_fn=build_reward_fn(cfg, tokenizer, 1),
             kl_ctrl=algorithms.get_kl_controller(cfg.algorithm.kl_ctrl), tracker=tracker,
-            num_params=count_parameters(cfg.actor_rollout_ref.model.path))
+            num_params=count_parameters(cfg.actor_rollout_ref.model.path), val_report=build_validation_report(cfg),
+            train_data=train_data)
     except BaseException:  # e.g. a Ctrl-C here: the trainer that would stop the workers does not exist yet
         workers.shutdown()
         tracker.finish()

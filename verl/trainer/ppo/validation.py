@@ -6,7 +6,8 @@ batch; every ``val/*`` figure is then a statistic over those records, so uneven 
 as 50 + 50 + 1) weigh each question once. Reports ``val/test_score/<data_source>`` (the reward),
 ``val/test_em/<data_source>`` (exact match, when the reward manager reports it) and the search
 statistics ``val/env/*``; optionally writes the records as ``<validation_data_dir>/<global_step>.jsonl``,
-the per-question file that ``evaluate.sh`` (``verl.trainer.main_eval``) summarises.
+the per-question file that ``evaluate.sh`` (``verl.trainer.main_eval``) summarises, and a report of
+them beside it (the environment's trajectory report, ``<global_step>.html``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ QUESTION_MARKER = "Question: "  # the last field of Search-R1's prompt template 
 
 
 def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer,
-                   dump_dir: str | None = None, global_step: int = 0, progress: bool = True) -> dict[str, float]:
+                   dump_dir: str | None = None, global_step: int = 0, progress: bool = True,
+                   report: Callable[[list[dict], Path], object] | None = None) -> dict[str, float]:
     """Generate, score and summarise every validation batch.
 
     Args:
@@ -38,12 +40,16 @@ def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, t
         dump_dir: folder for ``<global_step>.jsonl`` (one record per question); None to skip.
         progress: show a progress bar over questions: questions done, the batch's turn and rows
             still generating, and the time left at that pace (updated after every turn).
+        report: called as ``report(records, <dump_dir>/<global_step>.html)`` after the dump is
+            written (with ``dump_dir`` only).
     Returns:
         ``val/*`` metrics, each a per-question statistic (:func:`validation_metrics`).
     """
     records = collect_records(batches, generate, reward_fn, tokenizer, progress)
     if dump_dir:
         write_records(records, Path(dump_dir) / f"{global_step}.jsonl")
+        if report is not None:
+            report(records, Path(dump_dir) / f"{global_step}.html")
     return validation_metrics(records)
 
 

@@ -22,7 +22,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from verl.utils.dataset.rl_rows import check_extra_info, check_reward_model, read_rows
+from verl.utils.dataset.rl_rows import RowForm, check_extra_info, check_reward_model, read_rows
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +103,8 @@ class RLHFDataset(torch.utils.data.Dataset):
         config: optional mapping (the whole config or its ``data`` section) with keys
             ``prompt_key``, ``max_prompt_length``, ``filter_overlong_prompts``, ``return_raw_chat``,
             ``truncation`` (only ``"error"``).
+        row_form: another row form to accept (:class:`~verl.utils.dataset.rl_rows.RowForm`; the
+            trainer passes FlashRAG's, :data:`search_r1.qa_rows.FLASHRAG_FORM`).
         **overrides: the same keys as keyword arguments (win over ``config``).
     Raises:
         FileNotFoundError / ValueError: missing file or column, malformed row, prompt or
@@ -113,7 +115,8 @@ class RLHFDataset(torch.utils.data.Dataset):
     def __init__(self, parquet_files, tokenizer, config: Mapping | None = None, *,
                  prompt_key: str | None = None, max_prompt_length: int | None = None,
                  filter_overlong_prompts: bool | None = None, return_raw_chat: bool | None = None,
-                 truncation: str | None = None):
+                 truncation: str | None = None, row_form: RowForm | None = None):
+        self.row_form = row_form
         self.settings = _settings(config, dict(
             prompt_key=prompt_key, max_prompt_length=max_prompt_length,
             filter_overlong_prompts=filter_overlong_prompts, return_raw_chat=return_raw_chat,
@@ -135,7 +138,7 @@ class RLHFDataset(torch.utils.data.Dataset):
     def _load(self, path) -> None:
         key, limit = self.settings["prompt_key"], int(self.settings["max_prompt_length"])
         overlong, num_rows = [], 0
-        for where, position, row in read_rows(path, [key, "reward_model"]):
+        for where, position, row in read_rows(path, [key, "reward_model"], self.row_form):
             num_rows += 1
             messages = as_messages(row[key], where)
             row["reward_model"] = check_reward_model(row["reward_model"], where)

@@ -9,53 +9,80 @@ with ``ground_truth`` either ``{"target": [answers]}`` (what its data scripts wr
 itself (a string, or a list of strings). ``.parquet`` files are read with pyarrow; ``.jsonl`` (and
 ``.json`` holding one object per line) line by line. Both get the same checks, and every failure is
 a ``ValueError`` naming the file, the row (parquet) or line (JSONL) and the field.
+
+Rows of another form (FlashRAG's ``{"id", "question", "golden_answers"}``) are accepted through a
+:class:`RowForm` that the caller passes: the environment owns how such a row becomes its own form
+(:data:`search_r1.qa_rows.FLASHRAG_FORM`).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 PARQUET_SUFFIXES = (".parquet",)
 JSONL_SUFFIXES = (".jsonl", ".json")
 
 
-def read_rows(path: str | Path, required: Sequence[str]) -> Iterator[tuple[str, int, dict]]:
+@dataclass(frozen=True)
+class RowForm:
+    """Another row form the reader accepts: a row (JSONL) or file (parquet) that lacks a required
+    field but holds all of ``fields`` becomes ``build(row, path, position, where)``, a row with the
+    required fields. ``name`` says the form in error messages."""
+
+    name: str
+    fields: tuple[str, ...]
+    build: Callable[[dict, Path, int, str], dict]
+
+    def describe(self) -> str:
+        return f"{self.name} rows {{{', '.join(map(repr, self.fields))}}}"
+
+
+def read_rows(path: str | Path, required: Sequence[str],
+              form: RowForm | None = None) -> Iterator[tuple[str, int, dict]]:
     """``(where, position, row)`` for each row of ``path``; ``where`` reads ``FILE row N`` (parquet,
-    0-based) or ``FILE line N`` (JSONL, 1-based, as an editor shows it).
+    0-based) or ``FILE line N`` (JSONL, 1-based, as an editor shows it). Rows of ``form`` come out
+    built into the required form.
 
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: an unknown extension, unparsable JSON, a row that is not an object, or a missing
-            ``required`` field (naming file, row/line and field).
+        ValueError: an unknown extension, unparsable JSON, a row that is not an object, a missing
+            ``required`` field (naming file, row/line and field), or what ``form.build`` raises.
     """
     path = Path(path).expanduser()
     if not path.exists():
         raise FileNotFoundError(f"data file not found: {path}")
     suffix = path.suffix.lower()
     if suffix in PARQUET_SUFFIXES:
-        yield from _parquet_rows(path, required)
+        yield from _parquet_rows(path, required, form)
     elif suffix in JSONL_SUFFIXES:
-        yield from _jsonl_rows(path, required)
+        yield from _jsonl_rows(path, required, form)
     else:
         raise ValueError(f"{path}: RL data must be parquet ({', '.join(PARQUET_SUFFIXES)}) or JSONL "
                          f"({', '.join(JSONL_SUFFIXES)}), got {path.suffix or 'no extension'!r}")
 
 
-def _parquet_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[str, int, dict]]:
+def _also(form: RowForm | None) -> str:
+    return f"; {form.describe()} are read too" if form else ""
+
+
+def _parquet_rows(path: Path, required: Sequence[str], form: RowForm | None) -> Iterator[tuple[str, int, dict]]:
     import pyarrow.parquet as pq
 
     table = pq.read_table(path)
-    for key in required:
-        if key not in table.column_names:
-            raise ValueError(f"{path}: no column {key!r} (columns: {table.column_names})")
+    missing = [key for key in required if key not in table.column_names]
+    build = form is not None and missing and all(key in table.column_names for key in form.fields)
+    if missing and not build:
+        raise ValueError(f"{path}: no column {missing[0]!r} (columns: {table.column_names}){_also(form)}")
     for position, row in enumerate(table.to_pylist()):
-        yield f"{path} row {position}", position, row
+        where = f"{path} row {position}"
+        yield where, position, form.build(row, path, position, where) if build else row
 
 
-def _jsonl_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[str, int, dict]]:
+def _jsonl_rows(path: Path, required: Sequence[str], form: RowForm | None) -> Iterator[tuple[str, int, dict]]:
     position = 0
     with open(path, encoding="utf-8") as handle:
         for line_no, line in enumerate(handle, start=1):
@@ -68,9 +95,11 @@ def _jsonl_rows(path: Path, required: Sequence[str]) -> Iterator[tuple[str, int,
                 raise ValueError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
             if not isinstance(row, dict):
                 raise ValueError(f"{where}: a row must be a JSON object, got {type(row).__name__}")
-            for key in required:
-                if key not in row:
-                    raise ValueError(f"{where}: no field {key!r} (fields: {sorted(row)})")
+            missing = [key for key in required if key not in row]
+            if missing and form is not None and all(key in row for key in form.fields):
+                row = form.build(row, path, position, where)
+            elif missing:
+                raise ValueError(f"{where}: no field {missing[0]!r} (fields: {sorted(row)}){_also(form)}")
             yield where, position, row
             position += 1
 
