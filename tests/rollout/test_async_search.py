@@ -30,7 +30,7 @@ def test_async_search_cap_bounds_searches_in_flight(tokenizer, slow_retriever_ur
     proxy.stats(reset=True)
     questions = [f"q{i}" for i in range(8)]
     prompts, batch = make_batch(tokenizer, questions)
-    engine = ScriptedEngine(tokenizer, prompts, [["<search>Venezuela writer</search>", "<answer>x</answer>"]] * 8)
+    engine = ScriptedEngine(tokenizer, prompts, [["<search>England writer</search>", "<answer>x</answer>"]] * 8)
     client = RetrieverClient(proxy.retrieve_url, topk=2, max_concurrency=3)
     config = GenerationConfig(max_turns=2, max_response_length=400, max_obs_length=200, mode="async")
     out = LLMGenerationManager(tokenizer, engine, config, client).run_llm_loop(batch, PARAMS)
@@ -46,7 +46,7 @@ def test_sync_loop_keeps_the_same_cap_in_queries(tokenizer, slow_retriever_url):
     client = RetrieverClient(slow_retriever_url.retrieve_url, topk=2, batch_size=2, max_concurrency=4)
     assert client.max_requests_in_flight == 2
     assert RetrieverClient("http://x", batch_size=64, max_concurrency=8).max_requests_in_flight == 1
-    results = client.retrieve([f"Venezuela {i}" for i in range(7)])
+    results = client.retrieve([f"England {i}" for i in range(7)])
     assert len(results) == 7 and all(results)
 
 

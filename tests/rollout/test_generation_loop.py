@@ -85,7 +85,7 @@ def test_max_turns_exhausted(tokenizer, retriever, mode):
 
 
 def test_only_active_rows_are_sent(tokenizer, retriever, mode):
-    scripts = [["<answer>done</answer>"], ["<search>Venezuela</search>", "<answer>x</answer>"]]
+    scripts = [["<answer>done</answer>"], ["<search>Berkshire</search>", "<answer>x</answer>"]]
     prompts, engine, out = run(tokenizer, retriever, scripts, mode)
     requests = [context for call in engine.calls for context in call]
     per_row = [sum(context[:len(p)] == p for context in requests) for p in prompts]
@@ -96,7 +96,7 @@ def test_only_active_rows_are_sent(tokenizer, retriever, mode):
 
 
 def test_observation_truncation_keeps_closing_tag(tokenizer, retriever, mode):
-    scripts = [["<search>Venezuela writer journalist</search>", "<answer>x</answer>"]]
+    scripts = [["<search>England writer journalist</search>", "<answer>x</answer>"]]
     _, _, out = run(tokenizer, retriever, scripts, mode, max_obs_length=40)
     mask = out.batch["response_mask"][0]
     real = out.batch["attention_mask"][0, -400:].bool()
@@ -106,22 +106,22 @@ def test_observation_truncation_keeps_closing_tag(tokenizer, retriever, mode):
 
 
 def test_context_overflow_ends_row_truncated_and_keeps_question(tokenizer, retriever, mode):
-    scripts = [["<search>Venezuela</search>", "<answer>x</answer>"]]
+    scripts = [["<search>Berkshire</search>", "<answer>x</answer>"]]
     prompts, _, out = run(tokenizer, retriever, scripts, mode, max_prompt_length=40)
     assert out.batch["truncated"].tolist() == [1]
     assert out.batch["prompts"][0, -len(prompts[0]):].tolist() == prompts[0]
-    assert response_text(tokenizer, out, 0) == "<search>Venezuela</search>"
+    assert response_text(tokenizer, out, 0) == "<search>Berkshire</search>"
 
 
 def test_do_search_false_gives_empty_information(tokenizer, mode):
-    scripts = [["<search>Venezuela</search>", "<answer>x</answer>"]]
+    scripts = [["<search>Berkshire</search>", "<answer>x</answer>"]]
     _, _, out = run(tokenizer, None, scripts, mode, do_search=False)
     assert response_text(tokenizer, out, 0, masked=False) == "\n\n<information></information>\n\n"
     assert out.batch["empty_search"].tolist() == [1]  # a search answered with no passage
 
 
 def test_shapes_masks_positions(tokenizer, retriever, mode):
-    scripts = [["<answer>a</answer>"], ["<search>Venezuela</search>", "<answer>b</answer>"]]
+    scripts = [["<answer>a</answer>"], ["<search>Berkshire</search>", "<answer>b</answer>"]]
     prompts, _, out = run(tokenizer, retriever, scripts, mode)
     b = out.batch
     width = b["prompts"].shape[1]
@@ -138,9 +138,9 @@ def test_shapes_masks_positions(tokenizer, retriever, mode):
 
 def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever, mode):
     from search_r1.prompts import format_observation, format_passages
-    scripts = [["<search>Venezuela writer</search>", "<answer>x</answer>"]]
+    scripts = [["<search>England writer</search>", "<answer>x</answer>"]]
     _, _, out = run(tokenizer, retriever, scripts, mode, max_obs_length=1000)
-    docs = retriever.retrieve(["Venezuela writer"])[0]
+    docs = retriever.retrieve(["England writer"])[0]
     expected = tokenizer.encode(format_observation(format_passages(docs)), add_special_tokens=False)
     real = out.batch["attention_mask"][0, -400:].bool()
     obs = out.batch["responses"][0][real & ~out.batch["response_mask"][0].bool()].tolist()
@@ -162,7 +162,7 @@ def test_observation_encoder_rejects_tiny_budget(tokenizer):
 
 def test_prompt_that_opens_the_search_tag(tokenizer, retriever, mode):
     prompts = [tokenizer.encode("Question: q?\n<search>", add_special_tokens=False)]
-    engine = ScriptedEngine(tokenizer, prompts, [["Venezuela writer</search>", "<answer>x</answer>"]])
+    engine = ScriptedEngine(tokenizer, prompts, [["England writer</search>", "<answer>x</answer>"]])
     manager = LLMGenerationManager(tokenizer, engine, GenerationConfig(max_turns=2, max_response_length=400,
                                                                        max_obs_length=200, mode=mode), retriever)
     out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), PARAMS)
@@ -172,7 +172,7 @@ def test_prompt_that_opens_the_search_tag(tokenizer, retriever, mode):
 
 MIXED_SCRIPTS = [
     ["<answer>done</answer>"],
-    ["<search>Venezuela</search>", "<search></search>", "<answer>x</answer>"],
+    ["<search>Berkshire</search>", "<search></search>", "<answer>x</answer>"],
     ["<think>hmm</think>a closing tag only </search>", "<search>Manuel Díaz Rodríguez</search>", "<answer>y</answer>"],
     ["<search>a writer</search>", "<search>b</search>", "<search>c</search>", "<answer>late</answer>"],
 ]
@@ -220,12 +220,12 @@ def test_a_query_several_rows_ask_is_retrieved_once(tokenizer, retriever, retrie
     def served() -> int:
         return httpx.get(retriever_server.retrieve_url.replace("/retrieve", "/stats")).json()["queries"]
 
-    scripts = [["<search>Venezuela writer</search>", "<answer>x</answer>"]] * 3 + \
+    scripts = [["<search>England writer</search>", "<answer>x</answer>"]] * 3 + \
               [["<search>Hiccup voice actor</search>", "<answer>y</answer>"]]
     before = served()
     _, _, out = run(tokenizer, retriever, scripts, "sync", max_obs_length=1000)
     assert served() - before == 2
-    for row, query in enumerate(["Venezuela writer"] * 3 + ["Hiccup voice actor"]):
+    for row, query in enumerate(["England writer"] * 3 + ["Hiccup voice actor"]):
         expected = tokenizer.encode(format_observation(format_passages(retriever.retrieve([query])[0])),
                                     add_special_tokens=False)
         real = out.batch["attention_mask"][row, -400:].bool()
@@ -233,7 +233,7 @@ def test_a_query_several_rows_ask_is_retrieved_once(tokenizer, retriever, retrie
 
 
 def test_observation_cache_gives_the_uncached_ids_and_private_copies(tokenizer, retriever):
-    docs = retriever.retrieve(["Venezuela writer"])[0]
+    docs = retriever.retrieve(["England writer"])[0]
     for budget in (1000, 40):  # fits whole / cut inside the passages
         cached = ObservationEncoder(tokenizer, budget)
         first, cut = cached.search(docs)
