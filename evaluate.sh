@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Greedy multi-turn evaluation with search: Search-R1's per-source exact-match table (Table 2) with 95%
-# bootstrap intervals, through the training's own generation manager, prompt and reward.
+# bootstrap intervals, through the training's own agent loop, environment, prompt and reward.
 #
 #   bash evaluate.sh                         # no GPU: the embedded default (the quick start's latest checkpoint,
 #                                            # else the SmolLM2 warm start, on the example/ test sets, with a
@@ -23,16 +23,12 @@
 #   docs/evaluation.md explains them.
 set -euo pipefail
 cd "$(dirname "$0")"
-export HF_HUB_OFFLINE=${HF_HUB_OFFLINE:-1} TRANSFORMERS_OFFLINE=${TRANSFORMERS_OFFLINE:-1}
-export TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
-PYTHON=${PYTHON:-python}
-source scripts/require_python.sh
+source scripts/common.sh
 if [ "${1:-}" = "--compare" ]; then
   shift
   exec $PYTHON -m verl.trainer.evaluation.compare "$@"
 fi
 require_python_modules "$(basename "$0")" torch transformers ray hydra tensordict httpx
-N_GPUS=${N_GPUS:-$( (nvidia-smi -L 2>/dev/null || true) | grep -c '^GPU' || true)}
 OPTS=()
 
 if [ "${N_GPUS}" -gt 0 ]; then
@@ -40,24 +36,23 @@ if [ "${N_GPUS}" -gt 0 ]; then
   BASE_MODEL=${BASE_MODEL:-Qwen/Qwen2.5-3B}
   DATA_DIR=${DATA_DIR:-data/nq_search}
   START_RETRIEVER=${START_RETRIEVER:-0}
-  ARGS=(trainer.n_gpus_per_node="$N_GPUS" actor_rollout_ref.rollout.name="${ROLLOUT_NAME:-vllm}"
-        data.val_batch_size=512)
+  ARGS=(trainer.n_gpus_per_node="$N_GPUS" data.val_batch_size=512)
 else
   # Embedded default: the example/ test sets (30 questions per source); a BM25 server over
   # example/corpus.jsonl at RETRIEVER_URL when none answers there (as train_*.sh); the model the quick
   # start trained (else its warm start; scripts/evaluate.py picks it after checking the configuration);
-  # the embedded training's rollout with evaluation's turn budgets.
+  # the embedded training's rollout with evaluation's turn budgets (+recipe=embedded_cpu_eval).
   [ -z "${DATA_DIR:-}" ] && QA_DIR=${QA_DIR:-example/qa}
   START_RETRIEVER=${START_RETRIEVER:-1}
   DATA_DIR=${DATA_DIR:-data/example_search}
-  source scripts/embedded_cpu_args.sh
   [ -z "${BASE_MODEL:-}" ] && OPTS+=(--latest-of "${CKPT_DIR:-checkpoints/$EMBEDDED_GRPO_EXPERIMENT}")
-  ARGS=("${EMBEDDED_ROLLOUT_ARGS[@]}" "${EMBEDDED_EVAL_ARGS[@]}" data.val_batch_size=32)
+  ARGS=(+recipe=embedded_cpu_eval data.val_batch_size=32)
 fi
+[ -n "${ROLLOUT_NAME:-}" ] && ARGS+=(actor_rollout_ref.rollout.name="$ROLLOUT_NAME")
+[ -n "${RETRIEVER_URL:-}" ] && OPTS+=(--retriever-url "$RETRIEVER_URL")
 [ -n "${BASE_MODEL:-}" ] && OPTS+=(actor_rollout_ref.model.path="$BASE_MODEL")
 [ -n "${QA_DIR:-}" ] && OPTS+=(--qa-dir "$QA_DIR")
 [ "${START_RETRIEVER}" = 1 ] && OPTS+=(--start-retriever)
 [ -n "${OUTPUT_DIR:-}" ] && OPTS+=(--output_dir "$OUTPUT_DIR")
 
-exec $PYTHON scripts/evaluate.py --data-dir "$DATA_DIR" --retriever-url "${RETRIEVER_URL:-http://127.0.0.1:8000/retrieve}" \
-  "${OPTS[@]}" "${ARGS[@]}" "$@"
+exec $PYTHON scripts/evaluate.py --data-dir "$DATA_DIR" "${OPTS[@]}" "${ARGS[@]}" "$@"

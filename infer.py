@@ -4,7 +4,7 @@
         [--retriever_url http://127.0.0.1:8000/retrieve] [--topk 3] [--temperature 0] \
         [--engine vllm|hf] [--max_turns 4]
 
-It runs the training rollout's own loop (``LLMGenerationManager``) on a batch of one and prints the
+It runs the training rollout's own loop (Search-R1's environment in ``MultiTurnRollout``) on a batch of one and prints the
 trajectory (think/search/information/answer) and the final answer. A model path that is no model
 folder and a retriever that does not answer are reported in one line (exit code 2) before the
 model loads.
@@ -19,13 +19,14 @@ import sys
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    from search_r1.search.config import RetrieverConfig
     from verl.workers.rollout import default_engine_name
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="HF folder or hub id")
     p.add_argument("--question", default=None, help="omit for an interactive prompt")
-    p.add_argument("--retriever_url", default="http://127.0.0.1:8000/retrieve")
-    p.add_argument("--topk", type=int, default=3)
+    p.add_argument("--retriever_url", default=RetrieverConfig.url)
+    p.add_argument("--topk", type=int, default=RetrieverConfig.topk)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--top_p", type=float, default=1.0)
     p.add_argument("--engine", choices=["vllm", "hf"], default=default_engine_name())
@@ -35,7 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_obs_length", type=int, default=512)
     p.add_argument("--max_model_len", type=int, default=4096)
     p.add_argument("--dtype", default="float32")
-    p.add_argument("--template", default="base", help="prompt template name in search_r1.prompts.TEMPLATES")
+    p.add_argument("--template", default="base", help="prompt template name in search_r1.envs.search_r1.prompts.TEMPLATES")
     p.add_argument("--no_search", action="store_true", help="R1 without search")
     return p.parse_args(argv)
 
@@ -61,26 +62,26 @@ def check_inputs(args) -> None:
                          "or pass --no_search") from None
 
 
-def build_manager(args):
+def build_rollout(args):
     from transformers import AutoTokenizer
 
-    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+    from search_r1.envs.search_r1 import search_rollout
     from search_r1.search.client import RetrieverClient
     from verl.workers.rollout import build_rollout_engine
+    from verl.workers.rollout.agent_loop import LoopConfig
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     engine = build_rollout_engine({"name": args.engine, "dtype": args.dtype, "max_model_len": args.max_model_len},
                                   args.model, tokenizer)
-    config = GenerationConfig(max_turns=args.max_turns, max_start_length=args.max_model_len // 2,
-                              max_prompt_length=args.max_model_len - args.max_tokens,
-                              max_response_length=args.max_response_length, max_obs_length=args.max_obs_length,
-                              do_search=not args.no_search)
+    loop = LoopConfig(max_turns=args.max_turns, max_start_length=args.max_model_len // 2,
+                      max_prompt_length=args.max_model_len - args.max_tokens,
+                      max_response_length=args.max_response_length, mode="sync")
     retriever = None if args.no_search else RetrieverClient(args.retriever_url, topk=args.topk)
-    return tokenizer, LLMGenerationManager(tokenizer, engine, config, retriever)
+    return tokenizer, search_rollout(tokenizer, engine, retriever, loop, args.max_obs_length)
 
 
 def prompt_ids(tokenizer, question: str, template: str) -> list[int]:
-    from search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1.prompts import make_prefix
 
     text = make_prefix(question, template)
     if tokenizer.chat_template:
@@ -89,14 +90,14 @@ def prompt_ids(tokenizer, question: str, template: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def answer(tokenizer, manager, question: str, args) -> str:
+def answer(tokenizer, rollout, question: str, args) -> str:
     """Roll out one question, print the trajectory and return the final answer ('' if none)."""
     from verl.protocol import DataProto
     from verl.workers.rollout.base import SamplingParams
 
     batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": [prompt_ids(tokenizer, question, args.template)]})
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
-    out = manager.run_llm_loop(batch, params)
+    out = rollout.run(batch, params)
     width = out.batch["prompts"].shape[1]
     real = out.batch["attention_mask"][0, width:].bool()
     trajectory = tokenizer.decode(out.batch["responses"][0][real], skip_special_tokens=True)
@@ -127,9 +128,9 @@ def main(argv=None) -> None:
         check_inputs(args)
     except ValueError as err:
         _fail(str(err))
-    tokenizer, manager = build_manager(args)
+    tokenizer, rollout = build_rollout(args)
     if args.question:
-        _answer_or_exit(tokenizer, manager, args.question, args)
+        _answer_or_exit(tokenizer, rollout, args.question, args)
         return
     while True:
         try:
@@ -138,15 +139,15 @@ def main(argv=None) -> None:
             break
         if question in ("", "exit", "quit"):
             break
-        _answer_or_exit(tokenizer, manager, question, args)
+        _answer_or_exit(tokenizer, rollout, question, args)
 
 
-def _answer_or_exit(tokenizer, manager, question: str, args) -> None:
+def _answer_or_exit(tokenizer, rollout, question: str, args) -> None:
     """:func:`answer`; a retriever that stops answering ends the program with one line."""
     from search_r1.search.client import RetrieverError
 
     try:
-        answer(tokenizer, manager, question, args)
+        answer(tokenizer, rollout, question, args)
     except RetrieverError as err:
         _fail(f"{err} (is the retriever at --retriever_url still running?)")
 

@@ -22,7 +22,7 @@ Models: ``warm_start`` is the SmolLM2-135M SFT warm start (``scripts/warm_start.
 cached on first use) writing its own tags; ``base`` is SmolLM2 as shipped, every prompt opening
 ``<think>...</think><search>`` (it rarely searches on its own); ``qwen2.5-1.5b`` and ``qwen2.5-3b``
 are random-init shapes (``benchmarks/shapes.py``), ``tiny`` a 2-layer random Qwen2 with the real Qwen
-tokenizer (``model_zoo.build_tiny_causal_lm``, for CPU runs). A random model never closes a tag, so
+tokenizer (``save_random_model.build_tiny_causal_lm``, for CPU runs). A random model never closes a tag, so
 for those shapes the benchmark closes each turn itself (:class:`ForcedTurns`): the engine decodes a
 drawn number of real tokens (log-normal, long-tailed, up to ``--max_tokens``), then the turn gets
 ``<search> question </search>`` (or, with probability ``--answer_prob``, ``<answer>``) appended
@@ -102,7 +102,7 @@ def model_path(name: str, work_dir: Path) -> str:
         from warm_start import ensure_warm_start
         return ensure_warm_start()
     if name == "tiny":  # a 2-layer random Qwen2 with the real Qwen tokenizer (CPU smoke runs)
-        from verl.utils.model_zoo import build_tiny_causal_lm
+        from benchmarks.save_random_model import build_tiny_causal_lm
         return build_tiny_causal_lm(work_dir / name, arch="qwen2")
     if name in RANDOM_SHAPES:
         from benchmarks.save_random_model import save_random_model
@@ -119,7 +119,7 @@ def questions(count: int) -> list[str]:
 
 def prompts_for(tokenizer, name: str, args) -> list[list[int]]:
     """``batch_size`` Search-R1 prompts, each repeated ``n`` times (a GRPO group is adjacent)."""
-    from search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1.prompts import make_prefix
 
     prefix = PREFIX if name == "base" else ""  # random shapes: ForcedTurns writes the tags
     out = []
@@ -222,34 +222,36 @@ def build_engine(path: str, tokenizer, args):
 
 def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=None) -> dict:
     """One rollout of ``prompts`` in ``mode``; its figures."""
-    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+    from search_r1.envs.search_r1 import search_rollout
     from verl.protocol import DataProto
+    from verl.workers.rollout.agent_loop import LoopConfig
     from verl.workers.rollout.base import SamplingParams
 
     width = args.max_tokens * (args.max_turns + 1) + args.max_obs_length * args.max_turns
-    config = GenerationConfig(max_turns=args.max_turns, max_start_length=args.max_prompt_length // 2,
-                              max_prompt_length=args.max_prompt_length, max_response_length=width,
-                              max_obs_length=args.max_obs_length, mode=mode)
-    manager = LLMGenerationManager(tokenizer, engine, config, retriever)
+    loop = LoopConfig(max_turns=args.max_turns, max_start_length=args.max_prompt_length // 2,
+                      max_prompt_length=args.max_prompt_length, max_response_length=width, mode=mode)
+    manager = search_rollout(tokenizer, engine, retriever, loop, args.max_obs_length)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=args.seed)
     if proxy:
         proxy.stats(reset=True)
     probe_ms = host_probe_ms()  # the host's speed beside each run (shared, noisy machines)
     tic = time.perf_counter()
-    out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
+    out = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
     wall = time.perf_counter() - tic
     timing = out.meta_info["timing"]
     generated = int(out.batch["response_mask"].sum())
     busy = timing.get("engine_busy_fraction", timing["generation_s"] / wall)
     result = {"mode": mode, "host_probe_ms": round(probe_ms, 2), "rollout_s": round(wall, 3), "generated_tokens": generated,
               "tokens_per_s": round(generated / wall, 1), "engine_busy_fraction": round(busy, 3),
-              "generation_s": round(timing["generation_s"], 3), "retrieval_s": round(timing["retrieval_s"], 3),
+              "generation_s": round(timing["generation_s"], 3), "retrieval_s": round(timing["tool_s"], 3),
               "mean_turns": round(float(out.batch["turns"].float().mean()), 3),
               "searches": int(out.batch["valid_search"].sum()), "finished": int(out.batch["finished"].sum()),
               "truncated": int(out.batch["truncated"].sum())}
-    for key in ("mean_searches_in_flight", "peak_searches_in_flight", "mean_requests_in_engine"):
+    for key, name in (("mean_tool_calls_in_flight", "mean_searches_in_flight"),
+                      ("peak_tool_calls_in_flight", "peak_searches_in_flight"),
+                      ("mean_requests_in_engine", "mean_requests_in_engine")):
         if key in timing:
-            result[key] = round(timing[key], 2)
+            result[name] = round(timing[key], 2)
     if proxy:
         after = proxy.stats()
         result["proxy_requests"] = after["requests"]
@@ -345,7 +347,7 @@ def main(argv=None) -> dict:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine after CUDA init (no fork)
     from search_r1.search.launcher import launch_server
-    from tests.rollout.conftest import build_bm25_index
+    from search_r1.search.index_builder import build_bm25
 
     low, high = (float(x) for x in args.latency_ms.split(","))
     report: dict = {"rollout": [], "weights": "warm_start/base: real SmolLM2; qwen*/tiny: random init"}
@@ -356,7 +358,7 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory(prefix="async_rollout_") as tmp:
         work_dir = Path(tmp)
         corpus = str(REPO / "example" / "corpus.jsonl")
-        index = build_bm25_index(corpus, str(work_dir / "bm25"))
+        index = build_bm25(corpus, str(work_dir / "bm25"))
         with launch_server(["--retriever_name", "bm25", "--index_path", index, "--corpus_path", corpus]) as server:
             proxy = launch_proxy(server.url, low, high, seed=args.seed)
             try:

@@ -22,7 +22,6 @@ import platform
 import subprocess
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from verl.utils.reward_score.qa_em import normalize_answer  # noqa: E402
+from search_r1.qa.answers import normalize_answer  # noqa: E402
 
 TOPK = 3
 SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")

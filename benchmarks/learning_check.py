@@ -9,6 +9,7 @@ the report gives the last/first ratios.
 
     python benchmarks/learning_check.py --steps 20 --out_dir benchmarks/results/learning_check
     python benchmarks/learning_check.py --gpu --batch_size 64 --n 8 --steps 30 --out_dir $OUT/lc   # one GPU
+    python benchmarks/learning_check.py --env tool_call --steps 4 --out_dir benchmarks/results/learning_check_tool_call
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT))
+
+from verl.trainer.overrides import recipe_overrides  # noqa: E402
 
 COLUMNS = {  # metric key -> column title
     "critic/score/mean": "train score",
@@ -37,18 +41,17 @@ COLUMNS = {  # metric key -> column title
 }
 
 
-# Search-R1's format-reward variant (qa_em_format): 1 for EM, 0.2 for a well-formed trajectory,
-# +0.1 when a retrieved passage holds a gold answer, 0.1 for a malformed one with an answer. With EM
-# alone a 135M model's groups almost never differ (1 EM in 64 samples at temperature 1, measured).
-FORMAT_REWARD = ["reward_model.structure_format_score=0.2", "reward_model.retrieval_score=0.1",
-                 "reward_model.final_format_score=0.1"]
+# Search-R1's format-reward variant (verl/trainer/config/recipe/format_reward.yaml, as key=value
+# overrides so that a baseline checkout older than recipes takes them too).
+FORMAT_REWARD = recipe_overrides("format_reward")
 
 
 def grpo_overrides(model_path: str, steps: int, test_freq: int, out_dir: Path, lr: float,
                    batch_size: int = 8, rollout: str = "vllm", format_reward: bool = True, n: int = 4,
-                   gpu: bool = False) -> list[str]:
-    """GRPO recipe: ``batch_size`` prompts x ``n`` samples per step, 2 search turns, greedy validation."""
-    return (FORMAT_REWARD if format_reward else []) + (GPU_ARGS if gpu else CPU_ARGS) + [
+                   gpu: bool = False, env: str = "search_r1") -> list[str]:
+    """GRPO recipe: ``batch_size`` prompts x ``n`` samples per step, 2 search turns, greedy validation,
+    in environment ``env`` (the format reward is Search-R1's)."""
+    return (FORMAT_REWARD if format_reward else []) + (GPU_ARGS if gpu else CPU_ARGS) + [f"env.name={env}",
         f"actor_rollout_ref.model.path={model_path}", "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true",
         "actor_rollout_ref.actor.kl_loss_coef=0.001", "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
@@ -163,6 +166,7 @@ def main(argv=None) -> None:
     parser.add_argument("--gpu", action="store_true", help="one-GPU recipe (bf16, dynamic batch sizes)")
     parser.add_argument("--rollout", default="vllm", help="vllm | hf")
     parser.add_argument("--em_only", action="store_true", help="plain EM reward (no format/retrieval terms)")
+    parser.add_argument("--env", default="search_r1", help="environment (env.name): search_r1 | tool_call (EM only)")
     parser.add_argument("--train_sources", default="hotpotqa",
                         help="example/qa sources to train on; the example corpus holds the gold paragraphs "
                              "of HotpotQA train questions but no passages for the NQ-train (AmbigQA) ones")
@@ -187,7 +191,8 @@ def main(argv=None) -> None:
                 "--train-sources", args.train_sources, "--test-sources", args.test_sources]
         command = [sys.executable, str(ROOT / "scripts" / "quickstart.py"), *data,
                    *grpo_overrides(model, args.steps, args.test_freq, out_dir, args.lr, args.batch_size,
-                                   args.rollout, format_reward=not args.em_only, n=args.n, gpu=args.gpu)]
+                                   args.rollout, format_reward=not args.em_only and args.env == "search_r1", n=args.n,
+                                   gpu=args.gpu, env=args.env)]
         print("+ " + shlex.join(command), flush=True)
         started = time.perf_counter()
         subprocess.run(command, cwd=ROOT, check=True)

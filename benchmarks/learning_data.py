@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from verl.utils.reward_score.qa_em import normalize_answer  # noqa: E402
+from search_r1.qa.answers import normalize_answer  # noqa: E402
 
 SOURCES = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
 # source -> (QA files whose answerable questions may be trained on, file validation draws from, linked only)

@@ -46,7 +46,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-import learning_check  # noqa: E402  (its GPU recipe and format reward)
+import learning_check  # noqa: E402  (its CPU sizes and the format reward)
+from verl.trainer.overrides import recipe_overrides  # noqa: E402
 
 SCRIPTS = {"grpo": "train_grpo.sh", "gae": "train_ppo.sh"}
 # What a curve point holds per training step (metric key -> label).
@@ -54,25 +55,18 @@ CURVES = {"critic/score/mean": "training score", "reward_extra/em": "training EM
           "response_length/mean": "response tokens", "env/number_of_valid_search": "searches / question",
           "actor/entropy": "entropy", "actor/kl_loss": "KL (loss)", "actor/reward_kl_penalty": "KL (reward)",
           "actor/ppo_kl": "KL (old policy)", "critic/advantages/max": "max advantage"}
-TIMINGS = ("gen", "retrieval", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
+TIMINGS = ("gen", "tool", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
 
 # Rollout as both training and evaluation see it: contexts fit 3 passages of 100 words per search.
+# The GPU profile is the learning recipe (verl/trainer/config/recipe/learning_gpu*.yaml), passed as
+# key=value overrides so that a baseline checkout older than recipes runs it too.
 ROLLOUT = {
-    "gpu": ["data.max_prompt_length=2048", "data.max_start_length=320", "data.max_response_length=320",
-            "data.max_obs_length=384", "max_turns=2"],
+    "gpu": recipe_overrides("learning_gpu_rollout"),
     "cpu": ["data.max_prompt_length=768", "data.max_start_length=256", "data.max_response_length=16",
             "data.max_obs_length=64", "max_turns=2", "actor_rollout_ref.rollout.name=hf", "actor_rollout_ref.rollout.dtype=float32"],
 }
 TRAIN = {
-    # The engine stays resident through the update (a 135M model's training fits beside it) and the
-    # log-prob and update passes take 64k-token micro-batches (docs/benchmarks.md, "Learning step").
-    "gpu": [*learning_check.GPU_ARGS, "actor_rollout_ref.rollout.gpu_memory_utilization=0.3",
-            "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
-            "data.train_batch_size=64", "actor_rollout_ref.rollout.n=8", "actor_rollout_ref.actor.ppo_mini_batch_size=64",
-            "actor_rollout_ref.actor.optim.lr=2e-5", "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.0",
-            "critic.optim.lr=1e-5", "critic.optim.lr_warmup_steps_ratio=0.0", "critic.ppo_micro_batch_size=64",
-            "critic.model.enable_gradient_checkpointing=false", "critic.model.fsdp_config.param_offload=false",
-            "critic.model.fsdp_config.optimizer_offload=false"],
+    "gpu": recipe_overrides("learning_gpu"),
     "cpu": [*learning_check.CPU_ARGS, "trainer.backend=local", "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2", "actor_rollout_ref.actor.ppo_micro_batch_size=4",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size=4", "actor_rollout_ref.ref.log_prob_micro_batch_size=4",

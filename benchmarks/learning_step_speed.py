@@ -69,7 +69,7 @@ VARIANTS = {
                                                    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=65536",
                                                    "actor_rollout_ref.rollout.seed_per_request=false"]},
 }
-PHASES = ("gen", "gen_engine", "retrieval", "reward", "old_log_prob", "ref", "adv", "update_actor",
+PHASES = ("gen", "gen_engine", "tool", "reward", "old_log_prob", "ref", "adv", "update_actor",
           "release_memory", "weight_sync", "step")
 
 

@@ -46,19 +46,14 @@ if ! curl -sf http://127.0.0.1:8000/health > /dev/null; then
   for _ in $(seq 300); do curl -sf http://127.0.0.1:8000/health > /dev/null && break; sleep 1; done
 fi
 curl -s http://127.0.0.1:8000/health; echo
-# 3. The runs: paper lengths (Search-R1's train_*.sh), one GPU's share of the batch, offload on
-# (the config's default), micro-batches sized for one GPU, dynamic batch sizes by token budget.
+# 3. The runs: paper lengths (Search-R1's train_*.sh), one GPU's share of the batch: the recipe
+# +recipe=paper_scale_one_gpu (verl/trainer/config/recipe/) on the script's own.
 common=(
-  trainer.total_training_steps="$steps" trainer.save_freq=0 trainer.test_freq=0 trainer.val_before_train=false
-  trainer.logger=[console,jsonl] trainer.n_gpus_per_node=1
-  data.train_batch_size="$batch" data.val_batch_size=64 data.max_prompt_length=4096 data.max_start_length=2048
-  data.max_response_length=500 data.max_obs_length=500 max_turns="${MAX_TURNS:-4}"
-  actor_rollout_ref.actor.ppo_mini_batch_size=$((batch / 2)) actor_rollout_ref.actor.ppo_micro_batch_size=8
-  actor_rollout_ref.actor.use_dynamic_bsz=true actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576
-  actor_rollout_ref.rollout.log_prob_micro_batch_size=64 actor_rollout_ref.ref.log_prob_micro_batch_size=64
-  actor_rollout_ref.model.use_remove_padding=true actor_rollout_ref.model.enable_gradient_checkpointing=true
-  actor_rollout_ref.rollout.gpu_memory_utilization="${GPU_MEM_UTIL:-0.35}"
+  +recipe=paper_scale_one_gpu trainer.total_training_steps="$steps"
+  data.train_batch_size="$batch" actor_rollout_ref.actor.ppo_mini_batch_size=$((batch / 2))
 )
+[ -n "${MAX_TURNS:-}" ] && common+=(max_turns="$MAX_TURNS")
+[ -n "${GPU_MEM_UTIL:-}" ] && common+=(actor_rollout_ref.rollout.gpu_memory_utilization="$GPU_MEM_UTIL")
 [ -n "${MAX_MODEL_LEN:-}" ] && common+=(actor_rollout_ref.rollout.max_model_len="$MAX_MODEL_LEN")
 read -r -a extra <<< "${EXTRA:-}"
 common+=("${extra[@]}")
@@ -72,7 +67,7 @@ run_algo() {  # name script extra-overrides...
 }
 algos=${ALGOS:-grpo,ppo}
 [[ ,$algos, == *,grpo,* ]] && run_algo grpo train_grpo.sh actor_rollout_ref.rollout.n=5
-[[ ,$algos, == *,ppo,* ]] && run_algo ppo train_ppo.sh critic.ppo_micro_batch_size=8 critic.model.use_remove_padding=true
+[[ ,$algos, == *,ppo,* ]] && run_algo ppo train_ppo.sh
 # 4. Summary JSON (rewritten with whatever runs have metrics so far).
 python3 benchmarks/paper_scale_summary.py --runs_dir "$out/paper_train" --batch "$batch" --max_prompt_length 4096 --model "$model" \
   --output "$out/paper_scale_train.json" || true

@@ -35,18 +35,19 @@ def questions(n: int) -> list[str]:
 
 
 def run_engine(name, engine, tokenizer, retriever, prompts, args) -> dict:
-    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+    from search_r1.envs.search_r1 import search_rollout
     from verl.protocol import DataProto
+    from verl.workers.rollout.agent_loop import LoopConfig
     from verl.workers.rollout.base import SamplingParams
 
-    config = GenerationConfig(max_turns=args.max_turns, max_prompt_length=1536, max_response_length=1024,
-                              max_obs_length=args.max_obs_length)
-    manager = LLMGenerationManager(tokenizer, engine, config, retriever)
+    loop = LoopConfig(max_turns=args.max_turns, max_start_length=1024, max_prompt_length=1536,
+                      max_response_length=1024, mode="sync")
+    manager = search_rollout(tokenizer, engine, retriever, loop, args.max_obs_length)
     params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=0)
     batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts})
-    manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts[:2]}), params)  # warm-up
+    manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts[:2]}), params)  # warm-up
     tic = time.perf_counter()
-    out = manager.run_llm_loop(batch, params)
+    out = manager.run(batch, params)
     total = time.perf_counter() - tic
     generated = int(out.batch["response_mask"].sum())
     timing = out.meta_info["timing"]
@@ -87,15 +88,18 @@ def main() -> None:
 
     from search_r1.search.client import RetrieverClient
     from search_r1.search.launcher import launch_server
-    from tests.rollout.conftest import build_bm25_index, chat_prompt
+    from search_r1.envs.search_r1.prompts import prompt_messages
+    from search_r1.search.index_builder import build_bm25
     from verl.utils.model_zoo import smollm2_dir
     from verl.workers.rollout import build_rollout_engine
 
     model = smollm2_dir()
     tokenizer = AutoTokenizer.from_pretrained(model)
-    prompts = [chat_prompt(tokenizer, q, PREFIX) for q in questions(args.batch_size)]
+    prompts = [tokenizer.encode(tokenizer.apply_chat_template(prompt_messages(q), tokenize=False,
+                                                              add_generation_prompt=True) + PREFIX,
+                                add_special_tokens=False) for q in questions(args.batch_size)]
     corpus = str(REPO / "example/corpus.jsonl")
-    index_dir = build_bm25_index(corpus, tempfile.mkdtemp(prefix="bench_bm25_"))
+    index_dir = build_bm25(corpus, tempfile.mkdtemp(prefix="bench_bm25_"))
     with launch_server(["--retriever_name", "bm25", "--index_path", index_dir, "--corpus_path", corpus]) as server:
         retriever = RetrieverClient(server.retrieve_url, topk=3)
         results = []

@@ -11,12 +11,53 @@ whole-step timings measured with it are the worst case for generation length.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.shapes import SHAPES, build_random_model, get_shape  # noqa: E402
+from verl.utils import model_zoo  # noqa: E402
+
+
+def build_tiny_causal_lm(save_dir: str | os.PathLike, arch: str = "qwen2", hidden_size: int = 128,
+                         num_layers: int = 2, num_heads: int = 2, num_kv_heads: int = 1,
+                         intermediate_size: int = 256, tokenizer_dir: str | None = None,
+                         seed: int = 0) -> str:
+    """Save a small random-init causal LM with a real tokenizer (tests and CPU benchmarks; no weights needed).
+
+    The default head dimension is 64 because the vLLM CPU attention kernels accept only a few head
+    sizes (16, for instance, is refused), and the tests run this model in vLLM too.
+
+    Args:
+        save_dir: output folder (created); reused when it already holds a model.
+        arch: ``"qwen2"`` or ``"llama"``.
+        tokenizer_dir: tokenizer to ship with the model (default: the Qwen tokenizer).
+    Returns:
+        ``save_dir`` as a string, loadable with ``AutoModelForCausalLM.from_pretrained``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
+
+    save_dir = Path(save_dir)
+    if (save_dir / "model.safetensors").exists():
+        return str(save_dir)
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or model_zoo.qwen_tokenizer_dir())
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[arch]
+    config = config_cls(
+        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
+        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+        intermediate_size=intermediate_size, max_position_embeddings=4096, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.save_pretrained(save_dir, safe_serialization=True)
+    tokenizer.save_pretrained(save_dir)
+    return str(save_dir)
 
 
 def save_random_model(shape_name: str, tokenizer_path: str, out_dir: str, dtype: str = "bfloat16") -> str:

@@ -22,7 +22,7 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
-from verl.utils.reward_score.qa_em import compute_score_em
+from search_r1.envs.search_r1.reward import compute_score_em
 
 
 def em_reward(completions, target, **_):

@@ -49,7 +49,7 @@ def write_inputs(rows: list[dict], work: Path) -> tuple[Path, Path]:
     """The same questions as our parquet (train = test) and as TRL's conversational JSONL."""
     sys.path.insert(0, str(REPO / "scripts" / "data_process"))
     from qa_common import make_row, write_parquet
-    from search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1.prompts import make_prefix
 
     data_dir = work / "data"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -107,7 +107,7 @@ def ours_steps(ckpt_dir: Path) -> list[dict]:
         steps.append({"step_s": m["timing_s/step"], "gen_s": m.get("timing_s/gen", 0.0),
                       "log_prob_s": m.get("timing_s/old_log_prob", 0.0) + m.get("timing_s/ref", 0.0),
                       "update_s": m.get("timing_s/update_actor", 0.0),
-                      "retrieval_s": m.get("timing_s/retrieval", 0.0), "generated_tokens": tokens,
+                      "retrieval_s": m.get("timing_s/tool", 0.0), "generated_tokens": tokens,
                       "searches_per_row": m.get("env/number_of_valid_search", 0.0)})
     return steps
 

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from verl.utils.reward_score.qa_em import normalize_answer  # noqa: E402
+from search_r1.qa.answers import normalize_answer  # noqa: E402
 
 SEED = 20251129
 NUM_TEST = 30

@@ -42,7 +42,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--qa-dir", default=None, help="build test.parquet from this QA jsonl folder when missing")
     parser.add_argument("--corpus", default="example/corpus.jsonl", help="corpus of a started retriever")
     parser.add_argument("--index-dir", default=None, help="default: see quickstart.py's --index-dir")
-    parser.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve")
+    parser.add_argument("--retriever-url", default=None,
+                        help="default: retriever.url of the configuration (an override of it wins)")
     parser.add_argument("--start-retriever", action="store_true",
                         help="start a local BM25 server over --corpus when none answers at --retriever-url")
     parser.add_argument("--max_per_source", "--max-per-source", type=int, default=None,
@@ -106,7 +107,9 @@ def main(argv=None) -> int:
 
         return compare(list(args.compare))
     data_dir = (REPO / args.data_dir).resolve()
-    defaults = [f"data.val_files={data_dir / 'test.parquet'}", f"retriever.url={args.retriever_url}"]
+    defaults = [f"data.val_files={data_dir / 'test.parquet'}"]
+    if args.retriever_url:
+        defaults.append(f"retriever.url={args.retriever_url}")
     if args.max_per_source is not None:
         defaults.append(f"evaluation.max_per_source={args.max_per_source}")
     if args.output_dir:
@@ -118,7 +121,8 @@ def main(argv=None) -> int:
     try:
         from verl.trainer.main_ppo import parse_config
 
-        parse_config(defaults + overrides)  # a typo fails here, before a warm start or a server
+        checked = parse_config(defaults + overrides)  # a typo fails here, before a warm start or a server
+        args.retriever_url = checked.retriever.url
         if "data.val_files" not in given:
             ensure_test_data(data_dir, args.qa_dir)
         if "actor_rollout_ref.model.path" not in given:

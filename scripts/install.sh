@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-stamp=.venv/.installed-$(cat requirements/cpu.txt requirements/cpu-lock.txt scripts/install.sh | sha1sum | cut -c1-12)
+stamp=.venv/.installed-$(cat requirements/cpu.txt requirements/cpu-lock.txt scripts/install.sh pyproject.toml | sha1sum | cut -c1-12)
 if [ -f "$stamp" ]; then echo "install: .venv is up to date"; exit 0; fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate

@@ -1,6 +1,6 @@
 """Search-then-answer SFT demonstrations for the format warm start (issue 8).
 
-Each demonstration is one chat: the RL stage's user prompt (``search_r1.prompts.make_prefix``) and an
+Each demonstration is one chat: the RL stage's user prompt (``search_r1.envs.search_r1.prompts.make_prefix``) and an
 assistant turn in the exact form the generation manager produces::
 
     <think> ... </think>\\n<search> QUERY </search>            <- generated, stops at </search>
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from search_r1.prompts import format_observation, format_passages, make_prefix  # noqa: E402
+from search_r1.envs.search_r1.prompts import format_observation, format_passages, make_prefix  # noqa: E402
 
 FIRST_THOUGHTS = [
     "I need more information to answer this. Let me search for it.",
@@ -120,20 +120,20 @@ def search_query(question: str) -> str:
 
 class ObservationText:
     """Observation text as the RL stage shows it: the whole block, or (with a tokenizer) the
-    generation manager's ``ObservationEncoder`` output decoded, cut to ``max_obs_length`` tokens."""
+    Search-R1 environment's observation decoded, cut to ``max_obs_length`` tokens."""
 
     def __init__(self, tokenizer=None, max_obs_length: int | None = None):
-        self.encoder = None
+        self.env = None
         if tokenizer is not None and max_obs_length:
-            from search_r1.llm_agent.observation import ObservationEncoder
+            from search_r1.envs.search_r1 import SearchR1Environment
+            from search_r1.envs.search_tool import SearchTool
 
-            self.encoder = ObservationEncoder(tokenizer, max_obs_length)
+            self.env = SearchR1Environment(tokenizer, SearchTool(None), max_obs_length)
 
     def __call__(self, docs: list[dict]) -> str:
-        if self.encoder is None:
+        if self.env is None:
             return format_observation(format_passages(docs))
-        ids, _ = self.encoder.search(docs)
-        return self.encoder.tokenizer.decode(ids)
+        return self.env.tokenizer.decode(self.env.render(docs).ids)
 
 
 def demonstration(row: dict, docs: list[dict], rng: random.Random,

@@ -64,7 +64,8 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
                         help="QA sources of test.parquet (default: the seven of the paper)")
     parser.add_argument("--corpus", default="example/corpus.jsonl")
     parser.add_argument("--index-dir", default=None, help=f"default: {EXAMPLE_DATA_DIR}/<corpus name>.bm25")
-    parser.add_argument("--retriever-url", default="http://127.0.0.1:8000/retrieve")
+    parser.add_argument("--retriever-url", default=None,
+                        help="default: retriever.url of the configuration (an override of it wins)")
     parser.add_argument("--no-retriever", action="store_true", help="never start a retrieval server")
     args, overrides = parser.parse_known_args(argv)
     unknown = [o for o in overrides if o.startswith("--")]
@@ -221,8 +222,7 @@ def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
     index_dir = Path(args.index_dir) if args.index_dir else REPO / EXAMPLE_DATA_DIR / f"{corpus.stem}.bm25"
     build_index(corpus, index_dir)
     parsed = urlparse(args.retriever_url)
-    server_args = ["--retriever_name", "bm25", "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus),
-                   "--topk", "3"]
+    server_args = ["--retriever_name", "bm25", "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus)]
     where = f" (log: {log_path})" if log_path else ""
     print(f"+ retrieval server on {args.retriever_url} over {corpus}{where}", flush=True)
     try:
@@ -255,11 +255,12 @@ def main(argv=None) -> int:
 
     args, overrides = parse_args(argv)
     os.chdir(REPO)  # relative paths mean what they mean to the trainer, which runs here
-    args.retriever_url = override_value(overrides, "retriever.url") or args.retriever_url  # the last one wins
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     user_model = "actor_rollout_ref.model.path" in given
     try:
-        parse_config(overrides)  # a typo fails here, before any data, model or index is built
+        checked = parse_config(overrides)  # a typo fails here, before any data, model or index is built
+        # retriever.url=... wins over --retriever-url (RETRIEVER_URL), which wins over the config's default
+        args.retriever_url = override_value(overrides, "retriever.url") or args.retriever_url or checked.retriever.url
         defaults = [*data_defaults(args, given), f"retriever.url={args.retriever_url}"]
         defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
         config = check_run([*defaults, *overrides], user_model)

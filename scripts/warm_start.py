@@ -111,7 +111,7 @@ def test_questions(qa_dir: Path, limit: int) -> list[dict]:
 
 def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None,
              corpus: str | None = None, max_turns: int = 2) -> dict:
-    """Greedy multi-turn rollouts with search (the RL generation manager) on held-out questions.
+    """Greedy multi-turn rollouts with search (the RL agent loop) on held-out questions.
 
     Returns:
         ``answer_closed`` (fraction of responses with a closed ``<answer>``), ``em`` (exact match),
@@ -121,10 +121,11 @@ def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None
     from transformers import AutoTokenizer
 
     from make_sft_data import make_retriever
-    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
-    from search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1 import search_rollout
+    from search_r1.envs.search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1.reward import compute_score_em
     from verl.protocol import DataProto
-    from verl.utils.reward_score.qa_em import compute_score_em
+    from verl.workers.rollout.agent_loop import LoopConfig
     from verl.workers.rollout.base import SamplingParams
     from verl.workers.rollout.hf_rollout import HFRolloutEngine
 
@@ -134,11 +135,12 @@ def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None
                                              add_generation_prompt=True, tokenize=False) for r in rows]
     prompt_ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
     batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": np.array(prompt_ids + [None], dtype=object)[:-1]})
-    manager = LLMGenerationManager(
+    rollout = search_rollout(
         tokenizer, HFRolloutEngine(tokenizer, model_path=model_path, max_batch_size=16),
-        GenerationConfig(max_turns=max_turns, max_response_length=600, max_obs_length=DEMO_MAX_OBS_LENGTH),
-        make_retriever(corpus or str(ROOT / "example" / "corpus.jsonl"), 3, None))
-    out = manager.run_llm_loop(batch, SamplingParams(temperature=0.0, max_tokens=200))
+        make_retriever(corpus or str(ROOT / "example" / "corpus.jsonl"), 3, None),
+        LoopConfig(max_turns=max_turns, max_start_length=2048, max_prompt_length=4096, max_response_length=600,
+                   mode="sync"), DEMO_MAX_OBS_LENGTH)
+    out = rollout.run(batch, SamplingParams(temperature=0.0, max_tokens=200))
     texts = [tokenizer.decode(ids[: int(n)]) for ids, n in
              zip(out.batch["responses"], out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum(-1))]
     targets = [{"target": r["golden_answers"]} for r in rows]

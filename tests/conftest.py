@@ -22,6 +22,6 @@ def smollm2_path() -> str:
 @pytest.fixture(scope="session")
 def tiny_qwen_path(tmp_path_factory) -> str:
     """A 2-layer random-init Qwen2 model with the real Qwen tokenizer."""
-    from verl.utils.model_zoo import build_tiny_causal_lm
+    from benchmarks.save_random_model import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")

@@ -1,5 +1,5 @@
 """Shared code of the QA data scripts: read FlashRAG-style QA, build Search-R1 rows
-(:mod:`search_r1.qa_rows`, which the RL data loader also applies to FlashRAG files), write parquet.
+(:mod:`search_r1.qa.rows`, which the RL data loader also applies to FlashRAG files), write parquet.
 
 Input, either
 * ``--input_dir DIR``: ``DIR/<data_source>/<split>.jsonl`` with rows ``{"id", "question",
@@ -33,8 +33,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 if str(REPO_ROOT) not in sys.path:  # run as a plain script from any directory
     sys.path.insert(0, str(REPO_ROOT))
 
-from search_r1.prompts import TEMPLATES  # noqa: E402
-from search_r1.qa_rows import is_well_formed, make_row  # noqa: E402
+from search_r1.envs.search_r1.prompts import TEMPLATES, prompt_messages  # noqa: E402
+from search_r1.qa import rows  # noqa: E402
+from search_r1.qa.rows import is_well_formed  # noqa: E402
 
 logger = logging.getLogger("qa_data")
 
@@ -42,6 +43,11 @@ HF_DATASET = "RUC-NLPIR/FlashRAG_datasets"
 SPLITS = ("train", "dev", "test")
 TEST_SPLIT_ORDER = ("test", "dev", "train")  # Search-R1's qa_search_test_merge.py preference
 MAX_REPORTED_IDS = 5
+
+
+def make_row(row: dict, index: int, data_source: str, split: str, template: str = "base") -> dict:
+    """The Search-R1 row of a well-formed FlashRAG row, its prompt in the named template."""
+    return rows.make_row(row, index, data_source, split, lambda question: prompt_messages(question, template))
 
 
 class MalformedRowsError(ValueError):

@@ -19,8 +19,8 @@ from markupsafe import Markup
 
 from search_r1.report.trajectory import Turn, action_prefix, parse_turns, segments
 from verl.trainer.evaluation import report as table_report
-from verl.utils.reward_score.qa_em import extract_solution
-from verl.utils.reward_score.qa_em_format import check_format
+from search_r1.envs.search_r1.parsing import extract_solution
+from search_r1.envs.search_r1.reward_format import check_format
 
 # (key, label, what it selects); the counts on the page are the questions each one selects.
 FILTERS = (

@@ -1,16 +1,16 @@
 """One record's trajectory read back turn by turn, with the environment's own parsing.
 
 A record's ``output`` is generated text and environment text in turn order. The environment's
-text (``search_r1.prompts.ENVIRONMENT_TEXT``: ``<information>`` blocks and the invalid-action
+text (``search_r1.envs.search_r1.prompts.ENVIRONMENT_TEXT``: ``<information>`` blocks and the invalid-action
 message) separates the turns; each generated stretch is one turn, parsed as the loop parsed it
 (``parsing.parse_action``: the first complete ``<search>``/``<answer>`` pair; ``split_reasoning``:
 the ``<think>`` blocks before it). An ``<information>`` block is split into its documents
 (``prompts.parse_passages``).
 
-Gold answers are marked where a run of whole words normalises (``qa_em.normalize_answer``, the EM
+Gold answers are marked where a run of whole words normalises (``qa.answers.normalize_answer``, the EM
 reward's SQuAD normalisation, articles kept only for an article-only answer as ``em_check`` does)
 to a gold answer: a span that EM would score as that answer. Unlike the format reward's
-``retrieval_score`` (``qa_em.any_in``, a substring test), "Paris" is not found in "comparison".
+``retrieval_score`` (``qa.answers.any_in``, a substring test), "Paris" is not found in "comparison".
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from search_r1.llm_agent.observation import OBS_HEAD, OBS_TAIL
-from search_r1.llm_agent.parsing import ACTION_RE, parse_action, split_reasoning
-from search_r1.prompts import ENVIRONMENT_TEXT, INVALID_ACTION_MESSAGE, parse_passages
-from verl.utils.reward_score.qa_em import normalize_answer
-from verl.utils.reward_score.qa_em_format import ACTION_PREFIXES
+from search_r1.envs.search_r1.parsing import ACTION_PREFIXES, ACTION_RE, parse_action, split_reasoning
+from search_r1.envs.search_r1.prompts import ENVIRONMENT_TEXT, INVALID_ACTION_MESSAGE, parse_passages
+from search_r1.qa.answers import normalize_answer
 
 _WORD = re.compile(r"\S+")  # normalize_answer splits on whitespace; so do the spans
+_BLOCK = re.compile(r"<information>(.*?)(?:</information>|\Z)", re.DOTALL)  # a cut block has no closing tag
 
 
 @dataclass
@@ -107,7 +106,8 @@ def _observe(turn: Turn, environment: str, golds: Sequence[str]) -> None:
     if environment == INVALID_ACTION_MESSAGE:
         turn.observation = "invalid"
         return
-    block = environment[len(OBS_HEAD):len(environment) - len(OBS_TAIL)]
+    match = _BLOCK.search(environment)
+    block = match.group(1) if match else ""
     documents = [Document(rank, title, text, gold_spans(title, golds), gold_spans(text, golds))
                  for rank, title, text in parse_passages(block)]
     turn.observation, turn.documents = ("passages" if documents else "empty"), documents

@@ -5,8 +5,8 @@ slow or restarting retriever stalled or killed a training run. Here the queries 
 into requests of at most ``batch_size``, sent so that at most ``max_concurrency`` queries are in
 flight (``max_concurrency // batch_size`` requests, at least one), each with a timeout; connection
 errors, timeouts and 5xx answers are retried with exponential backoff (``backoff * 2**attempt``
-seconds), 4xx answers are not (the request itself is wrong). Passages are
-rendered by ``search_r1.prompts`` (``format_passages``/``format_observation``), re-exported here.
+seconds), 4xx answers are not (the request itself is wrong). How passages are shown to a model is
+the environment's business (``search_r1.envs``), not the client's.
 
 The async rollout sends one query per request, one request per searching trajectory: ``session()``
 gives it one shared connection pool for all of them, and the rollout keeps at most
@@ -25,10 +25,8 @@ from typing import AsyncIterator, Awaitable, Callable, Sequence
 
 import httpx
 
-from search_r1.prompts import format_observation, format_passages
+from search_r1.search.config import RetrieverConfig
 from verl.utils.aio import run_coroutine
-
-__all__ = ["RetrieverClient", "RetrieverError", "format_passages", "format_observation"]
 
 
 class RetrieverError(RuntimeError):
@@ -51,8 +49,9 @@ class RetrieverClient:
         return_scores: ask the server for scores.
     """
 
-    def __init__(self, url: str, topk: int = 3, timeout: float = 30.0, max_retries: int = 3,
-                 batch_size: int = 64, max_concurrency: int = 256, backoff: float = 0.5,
+    def __init__(self, url: str, topk: int = RetrieverConfig.topk, timeout: float = RetrieverConfig.timeout,
+                 max_retries: int = RetrieverConfig.max_retries, batch_size: int = 64,
+                 max_concurrency: int = RetrieverConfig.max_concurrency, backoff: float = 0.5,
                  return_scores: bool = True):
         if topk < 1 or batch_size < 1 or max_concurrency < 1 or max_retries < 0:
             raise ValueError(f"need topk, batch_size, max_concurrency >= 1 and max_retries >= 0; got "
@@ -114,10 +113,6 @@ class RetrieverClient:
         request loop in a private thread)."""
         return run_coroutine(self.aretrieve(queries), "retriever-client")
 
-    def render(self, results: list[list[dict]]) -> list[str]:
-        """Observation text (``<information>...</information>``) for each query's results."""
-        return [format_observation(format_passages(hits)) for hits in results]
-
     async def _post_with_retries(self, client: httpx.AsyncClient, batch: list[str]) -> list[list[dict]]:
         payload = {"queries": batch, "topk": self.topk, "return_scores": self.return_scores}
         failure = "no attempt made"
@@ -149,3 +144,28 @@ class RetrieverClient:
             raise RetrieverError(f"retriever {self.url} returned {len(result) if isinstance(result, list) else result!r} "
                                  f"result lists for {num_queries} queries")
         return result
+
+
+def check_retriever(url: str, timeout_s: float = 10.0) -> None:
+    """One probe query to ``POST url``, before a run starts anything slow.
+
+    Raises:
+        ValueError: nothing answers, or the answer is not the retriever API's.
+    """
+    hint = "start one (bash retrieval_launch.sh; docs/retriever.md) or point RETRIEVER_URL / retriever.url at it"
+    body = {"queries": ["evaluation probe"], "topk": 1, "return_scores": False}
+    try:
+        response = httpx.post(url, json=body, timeout=timeout_s)
+    except httpx.HTTPError as error:
+        raise ValueError(f"no retriever answers at {url} ({type(error).__name__}: {error}); {hint}") from None
+    if response.status_code != 200 or "result" not in _json_or_empty(response):
+        raise ValueError(f"{url} answered HTTP {response.status_code} without a 'result' list: not the "
+                         f"retriever API (POST /retrieve); {hint}")
+
+
+def _json_or_empty(response) -> dict:
+    try:
+        data = response.json()
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}

@@ -296,11 +296,6 @@ def _load_jsonl_in_memory(path: str) -> Corpus:
     return Corpus.from_table(pa.Table.from_batches(batches, schema=_SCHEMA), path)
 
 
-def concat_corpora(paths: Sequence[str | os.PathLike]) -> Corpus:
-    """Load several corpus files as one, in the given order (ids must be unique across them)."""
-    parts = [load_corpus(p) for p in paths]
-    table = pa.concat_tables([part._table for part in parts])
-    return Corpus.from_table(table, "+".join(str(p) for p in paths))
 
 
 def write_corpus(rows: Iterable[dict], path: str | os.PathLike) -> None:

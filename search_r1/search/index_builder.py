@@ -22,7 +22,6 @@ import argparse
 import os
 import sys
 
-import numpy as np
 
 from .ann import build_from_flat, measure_recall
 from .bm25 import BM25Retriever

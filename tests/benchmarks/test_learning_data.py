@@ -17,7 +17,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import learning_data  # noqa: E402
 
-from verl.trainer.ppo.validation import question_of  # noqa: E402
+from search_r1.envs.search_r1.prompts import question_of  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (SHARED / "qa").is_dir(), reason=f"shared data not found at {SHARED}")
 

@@ -40,6 +40,17 @@ def test_recipes_pass_the_start_up_check(algo, profile, tmp_path):
     assert make_run_plan(evaluation, 1).engine_max_model_len == make_run_plan(cfg, 1).engine_max_model_len
 
 
+def test_gpu_profile_is_the_learning_recipe(tmp_path):
+    """The GPU profile's overrides are the learning recipe's YAML (verl/trainer/config/recipe/):
+    stacked on the GRPO script's recipe they give the same run as the recipes themselves."""
+    args = learning_run.parse_args(["--algo", "grpo", "--profile", "gpu", "--work_dir", str(tmp_path)])
+    given = parse_config(["+recipe=search_r1_grpo", *learning_run.TRAIN["gpu"], *learning_run.rollout_overrides(args)])
+    stacked = parse_config(["+recipe=search_r1_grpo", "+recipe=learning_gpu", "+recipe=format_reward"])
+    assert given == stacked
+    assert (stacked.data.train_batch_size, stacked.actor_rollout_ref.rollout.n) == (64, 8)
+    assert stacked.actor_rollout_ref.actor.optim.lr == 2e-5 and stacked.data.max_prompt_length == 2048
+
+
 def test_training_keeps_the_time_of_the_evaluations_due(tmp_path):
     """The budget a call keeps from training: one measured evaluation time for each evaluation step
     reached and not evaluated, one for the next evaluation step, and the stop grace."""

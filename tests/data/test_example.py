@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "example"
 sys.path.insert(0, str(REPO))
 
-from verl.utils.reward_score.qa_em import normalize_answer  # noqa: E402
+from search_r1.qa.answers import normalize_answer  # noqa: E402
 
 DATA_FILES = sorted((EXAMPLE / "qa").glob("*/*.jsonl")) + [EXAMPLE / "corpus.jsonl"]
 TEST_SOURCES = {"nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"}

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
+from verl.utils.dataset.config import DataConfig
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 
 EXAMPLE_QA = Path(__file__).resolve().parents[2] / "example" / "qa"
@@ -32,7 +33,7 @@ def check_item(item, tokenizer, length):
 def test_left_padding_and_chat_template(processed_example, tokenizer_name, request):
     tokenizer = request.getfixturevalue(tokenizer_name)
     dataset = RLHFDataset(processed_example / "test.parquet", tokenizer,
-                          {"data": {"max_prompt_length": 400, "return_raw_chat": True}})
+                          DataConfig(max_start_length=400, return_raw_chat=True))
     assert len(dataset) == 210 and dataset.num_filtered == 0
     item = dataset[0]
     check_item(item, tokenizer, 400)
@@ -48,7 +49,7 @@ def test_pad_equal_to_eos_is_still_attended(processed_example, smollm2_tokenizer
     """SmolLM2: pad == eos == <|im_end|>, which also ends the user turn inside every prompt."""
     tokenizer = smollm2_tokenizer
     assert tokenizer.pad_token_id == tokenizer.eos_token_id
-    item = RLHFDataset(processed_example / "train.parquet", tokenizer, max_prompt_length=400)[0]
+    item = RLHFDataset(processed_example / "train.parquet", tokenizer, DataConfig(max_start_length=400))[0]
     ids = item["input_ids"][item["attention_mask"].bool()]
     assert (ids == tokenizer.pad_token_id).sum() >= 1     # the real <|im_end|> is attended
     assert int(item["attention_mask"].sum()) == len(item["raw_prompt_ids"])
@@ -59,13 +60,13 @@ def test_raw_text_without_chat_template(processed_example, qwen_tokenizer):
 
     tokenizer = copy.deepcopy(qwen_tokenizer)
     tokenizer.chat_template = None
-    dataset = RLHFDataset([processed_example / "test.parquet"], tokenizer, max_prompt_length=300)
+    dataset = RLHFDataset([processed_example / "test.parquet"], tokenizer, DataConfig(max_start_length=300))
     text = tokenizer.decode(dataset[0]["raw_prompt_ids"])
     assert text.startswith("Answer the given question.") and text.endswith("?\n")
 
 
 def test_collate_to_dataproto(processed_example, qwen_tokenizer):
-    dataset = RLHFDataset(processed_example / "train.parquet", qwen_tokenizer, max_prompt_length=300)
+    dataset = RLHFDataset(processed_example / "train.parquet", qwen_tokenizer, DataConfig(max_start_length=300))
     batch = collate_fn([dataset[i] for i in (0, 1, 400)])
     assert batch["input_ids"].shape == (3, 300) and batch["input_ids"].dtype == torch.long
     assert batch["raw_prompt_ids"].dtype == object and batch["raw_prompt_ids"].shape == (3,)
@@ -89,7 +90,7 @@ def test_overlong_prompts_filtered_with_log(tmp_path, qwen_tokenizer, caplog):
     path = tmp_path / "d.parquet"
     write_rows(path, ["short question?", "long " * 200, "another short one?", "long " * 300])
     with caplog.at_level(logging.WARNING):
-        dataset = RLHFDataset(path, qwen_tokenizer, max_prompt_length=64)
+        dataset = RLHFDataset(path, qwen_tokenizer, DataConfig(max_start_length=64))
     assert len(dataset) == 2 and dataset.num_filtered == 2
     assert [dataset[i]["uid"] for i in range(2)] == ["nq-train-0", "nq-train-2"]
     assert "filtered 2 of 4" in caplog.text and "nq-train-1" in caplog.text
@@ -98,10 +99,8 @@ def test_overlong_prompts_filtered_with_log(tmp_path, qwen_tokenizer, caplog):
 def test_overlong_prompt_raises_when_filter_off(tmp_path, qwen_tokenizer):
     path = tmp_path / "d.parquet"
     write_rows(path, ["short question?", "long " * 200])
-    with pytest.raises(ValueError, match=r"row 1 \(uid nq-train-1\).*max_prompt_length=64"):
-        RLHFDataset(path, qwen_tokenizer, {"filter_overlong_prompts": False, "max_prompt_length": 64})
-    with pytest.raises(ValueError, match="truncation"):
-        RLHFDataset(path, qwen_tokenizer, truncation="left")
+    with pytest.raises(ValueError, match=r"row 1 \(uid nq-train-1\).*max_start_length=64"):
+        RLHFDataset(path, qwen_tokenizer, DataConfig(filter_overlong_prompts=False, max_start_length=64))
 
 
 def test_missing_file_and_column(tmp_path, qwen_tokenizer):
@@ -110,7 +109,7 @@ def test_missing_file_and_column(tmp_path, qwen_tokenizer):
     path = tmp_path / "d.parquet"
     write_rows(path, ["q?"])
     with pytest.raises(ValueError, match=r"d.parquet: no column 'question'"):
-        RLHFDataset(path, qwen_tokenizer, prompt_key="question")
+        RLHFDataset(path, qwen_tokenizer, DataConfig(prompt_key="question"))
 
 
 def test_pad_token_set_when_missing(tmp_path, smollm2_tokenizer):
@@ -120,20 +119,20 @@ def test_pad_token_set_when_missing(tmp_path, smollm2_tokenizer):
     tokenizer.pad_token = None
     path = tmp_path / "d.parquet"
     write_rows(path, ["q?"])
-    item = RLHFDataset(path, tokenizer, max_prompt_length=128)[0]
+    item = RLHFDataset(path, tokenizer, DataConfig(max_start_length=128))[0]
     assert tokenizer.pad_token == tokenizer.eos_token
     assert int(item["attention_mask"].sum()) == len(item["raw_prompt_ids"])
     assert np.all(item["input_ids"][:10].numpy() == tokenizer.eos_token_id)
 
 
-def test_hydra_config_data_section(tmp_path, qwen_tokenizer):
-    from omegaconf import OmegaConf
+def test_typed_data_section(tmp_path, qwen_tokenizer):
+    from verl.utils.config import to_typed
 
     path = tmp_path / "d.parquet"
     write_rows(path, ["short question?", "long " * 200])
-    cfg = OmegaConf.create({"data": {"prompt_key": "prompt", "max_prompt_length": 64,
-                                     "filter_overlong_prompts": True, "return_raw_chat": True}})
-    dataset = RLHFDataset(str(path), qwen_tokenizer, cfg)
+    data = to_typed(DataConfig, {"prompt_key": "prompt", "max_start_length": 64,
+                                 "filter_overlong_prompts": True, "return_raw_chat": True}, prefix="data")
+    dataset = RLHFDataset(str(path), qwen_tokenizer, data)
     assert len(dataset) == 1 and dataset[0]["raw_prompt"][0]["content"] == "short question?"
     assert dataset[0]["input_ids"].shape == (64,)
 
@@ -155,7 +154,7 @@ def test_jsonl_rows_as_search_r1_guide_writes_them(tmp_path, qwen_tokenizer, pro
     write_jsonl(path, [search_r1_guide_row(0, "who wrote hamlet?", "William Shakespeare"),
                        "", search_r1_guide_row(1, "capital of france?", {"target": ["Paris", "paris"]}),
                        search_r1_guide_row(2, "two answers?", ["a", "b"])])
-    dataset = RLHFDataset([path, processed_example / "test.parquet"], qwen_tokenizer, max_prompt_length=400)
+    dataset = RLHFDataset([path, processed_example / "test.parquet"], qwen_tokenizer, DataConfig(max_start_length=400))
     assert len(dataset) == 3 + 210
     first, second = dataset[0], dataset[1]
     check_item(first, qwen_tokenizer, 400)
@@ -166,9 +165,9 @@ def test_jsonl_rows_as_search_r1_guide_writes_them(tmp_path, qwen_tokenizer, pro
     batch = collate_fn([dataset[0], dataset[3]])  # JSONL and parquet rows mix in one batch
     assert batch["uid"][0] == "custom-0" and batch["uid"][1] == dataset[3]["uid"] != "custom-3"
 
-    from verl.utils.reward_score import default_compute_score
-    assert default_compute_score("nq", "<answer> william shakespeare </answer>",
-                                 first["reward_model"]["ground_truth"]) == 1.0
+    from search_r1.envs.search_r1 import reward
+    assert reward.compute_score("nq", "<answer> william shakespeare </answer>",
+                                first["reward_model"]["ground_truth"])["score"] == 1.0
 
 
 @pytest.mark.parametrize("line,message", [
@@ -187,7 +186,7 @@ def test_jsonl_errors_name_file_line_and_field(tmp_path, qwen_tokenizer, line, m
     path = tmp_path / "bad.jsonl"
     write_jsonl(path, [search_r1_guide_row(0, "fine question?", "x"), line])
     with pytest.raises(ValueError, match=re.escape(str(path)) + " " + message):
-        RLHFDataset(path, qwen_tokenizer, max_prompt_length=128)
+        RLHFDataset(path, qwen_tokenizer, DataConfig(max_start_length=128))
 
 
 def test_parquet_gets_the_same_checks_and_unknown_extensions_are_named(tmp_path, qwen_tokenizer):
@@ -197,7 +196,7 @@ def test_parquet_gets_the_same_checks_and_unknown_extensions_are_named(tmp_path,
     rows[1]["reward_model"]["ground_truth"] = None
     pq.write_table(pa.Table.from_pylist(rows), path)
     with pytest.raises(ValueError, match=r"d.parquet row 1: reward_model.ground_truth must be a string"):
-        RLHFDataset(path, qwen_tokenizer, max_prompt_length=128)
+        RLHFDataset(path, qwen_tokenizer, DataConfig(max_start_length=128))
     other = tmp_path / "d.csv"
     other.write_text("prompt\nq\n")
     with pytest.raises(ValueError, match=r"d.csv: RL data must be parquet \(.parquet\) or JSONL"):
@@ -207,8 +206,8 @@ def test_parquet_gets_the_same_checks_and_unknown_extensions_are_named(tmp_path,
 def test_overlong_jsonl_prompt_names_its_line(tmp_path, qwen_tokenizer):
     path = tmp_path / "long.jsonl"
     write_jsonl(path, [search_r1_guide_row(0, "short?", "x"), search_r1_guide_row(1, "long " * 200, "x")])
-    with pytest.raises(ValueError, match=r"long.jsonl line 2 \(uid long-1\).*max_prompt_length=64"):
-        RLHFDataset(path, qwen_tokenizer, filter_overlong_prompts=False, max_prompt_length=64)
+    with pytest.raises(ValueError, match=r"long.jsonl line 2 \(uid long-1\).*max_start_length=64"):
+        RLHFDataset(path, qwen_tokenizer, DataConfig(filter_overlong_prompts=False, max_start_length=64))
 
 
 def test_flashrag_rows_train_as_the_data_scripts_would_write_them(processed_example, smollm2_tokenizer, tmp_path):
@@ -218,12 +217,13 @@ def test_flashrag_rows_train_as_the_data_scripts_would_write_them(processed_exam
     import pandas as pd
 
     from verl.trainer.ppo.config import default_config
-    from verl.trainer.ppo.trainer_setup import build_dataset
+    from verl.trainer.ppo.trainer_setup import build_dataset, build_environment
 
     cfg = default_config(data={"max_start_length": 400})
+    env = build_environment(cfg, smollm2_tokenizer)
     flashrag = EXAMPLE_QA / "nq" / "train.jsonl"
-    direct = build_dataset(str(flashrag), smollm2_tokenizer, cfg, None).dataset
-    scripted = RLHFDataset(processed_example / "train.parquet", smollm2_tokenizer, max_prompt_length=400)
+    direct = build_dataset(str(flashrag), smollm2_tokenizer, cfg, None, env).dataset
+    scripted = RLHFDataset(processed_example / "train.parquet", smollm2_tokenizer, DataConfig(max_start_length=400))
     scripted_nq = [i for i, row in enumerate(scripted.rows) if row["data_source"] == "nq"]
     assert len(direct) == len(scripted_nq) > 0
     for i, j in enumerate(scripted_nq):
@@ -238,20 +238,23 @@ def test_flashrag_rows_train_as_the_data_scripts_would_write_them(processed_exam
                                               for r in rows))
     pd.DataFrame([{k: r[k] for k in ("id", "question", "golden_answers")} for r in rows]).to_parquet(mine / "test.parquet")
     for name in ("train.jsonl", "test.parquet"):
-        dataset = build_dataset(str(mine / name), smollm2_tokenizer, cfg, None).dataset
+        dataset = build_dataset(str(mine / name), smollm2_tokenizer, cfg, None, env).dataset
         assert [dataset[i]["raw_prompt_ids"] for i in range(3)] == [direct[i]["raw_prompt_ids"] for i in range(3)]
         # a folder that is no FlashRAG source name: exact match as for NQ, the split from the file name
         assert dataset[0]["data_source"] == "nq" and dataset[0]["uid"] == f"nq-{name.split('.')[0]}-0"
 
 
 def test_rows_of_neither_form_name_both(smollm2_tokenizer, tmp_path):
-    from search_r1.qa_rows import FLASHRAG_FORM
+    from search_r1.envs.search_r1 import SearchR1Environment
+    from search_r1.envs.search_tool import SearchTool
+
+    env = SearchR1Environment(smollm2_tokenizer, SearchTool(None), 500)
 
     path = tmp_path / "train.jsonl"
     path.write_text('{"question": "who wrote hamlet", "golden_answers": ["Shakespeare"]}\n{"question": "x"}\n')
     with pytest.raises(ValueError, match=re.escape(f"{path} line 2: no field 'prompt' (fields: ['question']); "
                                                    "FlashRAG rows {'question', 'golden_answers'} are read too")):
-        RLHFDataset(path, smollm2_tokenizer, row_form=FLASHRAG_FORM)
+        RLHFDataset(path, smollm2_tokenizer, env=env)
     path.write_text('{"question": " ", "golden_answers": ["Shakespeare"]}\n')
     with pytest.raises(ValueError, match=re.escape(f"{path} line 1: a FlashRAG row needs a non-empty 'question'")):
-        RLHFDataset(path, smollm2_tokenizer, row_form=FLASHRAG_FORM)
+        RLHFDataset(path, smollm2_tokenizer, env=env)

@@ -159,13 +159,13 @@ def test_a_config_typo_fails_before_any_model_or_server(tmp_path):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> str:
-    from verl.utils.model_zoo import build_tiny_causal_lm
+    from benchmarks.save_random_model import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny"), arch="qwen2")
 
 
 def _search_r1_rows() -> pd.DataFrame:
-    from search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1.prompts import make_prefix
 
     return pd.DataFrame([{"data_source": "nq", "prompt": [{"role": "user", "content": make_prefix("who wrote hamlet")}],
                           "ability": "fact-reasoning",

@@ -6,8 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages, make_prefix
-from verl.utils.reward_score.qa_em import extract_solution
+from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages, make_prefix
+from search_r1.envs.search_r1.parsing import extract_solution
 
 REPO = Path(__file__).resolve().parents[2]
 PAGE_DATA = re.compile(r'<script type="application/json" id="report-data">(.*?)</script>', re.DOTALL)

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from search_r1.prompts import INVALID_ACTION_MESSAGE
+from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE
 from search_r1.report.trajectory import action_prefix, gold_spans, parse_turns, segments
-from verl.utils.reward_score.qa_em import em_check, normalize_answer
+from search_r1.qa.answers import em_check, normalize_answer
 
 from .helpers import observation
 

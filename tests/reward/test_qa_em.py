@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from verl.utils.reward_score import default_compute_score, qa_em, qa_em_format
+from search_r1.envs.search_r1 import reward, reward_format
+from search_r1.qa import answers
 
 GT = {"target": ["The Beatles"]}
 
@@ -28,107 +29,107 @@ def ans(text: str) -> str:
     ("東京", ["東京"], 1),
 ])
 def test_em_check(pred, gold, expected):
-    assert qa_em.em_check(pred, gold) == expected
+    assert answers.em_check(pred, gold) == expected
 
 
 def test_normalize_answer():
-    assert qa_em.normalize_answer("  The  Quick, brown FOX!  ") == "quick brown fox"
-    assert qa_em.normalize_answer("An apple a day") == "apple day"
-    assert qa_em.normalize_answer("theatre") == "theatre"   # articles only as whole words
+    assert answers.normalize_answer("  The  Quick, brown FOX!  ") == "quick brown fox"
+    assert answers.normalize_answer("An apple a day") == "apple day"
+    assert answers.normalize_answer("theatre") == "theatre"   # articles only as whole words
 
 
 def test_subem_check():
-    assert qa_em.subem_check("It was The Beatles, of course", "beatles") == 1
-    assert qa_em.subem_check("the rolling stones", "beatles") == 0
-    assert qa_em.subem_check("anything at all", "") == 0   # empty gold never matches
-    assert qa_em.subem_check("vitamin a", "A") == 1          # article-only gold as a whole word
-    assert qa_em.subem_check("banana", "A") == 0
+    assert answers.subem_check("It was The Beatles, of course", "beatles") == 1
+    assert answers.subem_check("the rolling stones", "beatles") == 0
+    assert answers.subem_check("anything at all", "") == 0   # empty gold never matches
+    assert answers.subem_check("vitamin a", "A") == 1          # article-only gold as a whole word
+    assert answers.subem_check("banana", "A") == 0
 
 
 def test_gold_as_numpy_array_and_dict():
     gold = np.array(["Paris", "Paris, France"], dtype=object)
-    assert qa_em.compute_score_em(ans("paris, france"), {"target": gold}) == 1.0
-    assert qa_em.compute_score_em(ans("Lyon"), gold) == 0.0
-    assert qa_em.compute_score_em(ans("paris"), "Paris") == 1.0
+    assert reward.compute_score_em(ans("paris, france"), {"target": gold}) == 1.0
+    assert reward.compute_score_em(ans("Lyon"), gold) == 0.0
+    assert reward.compute_score_em(ans("paris"), "Paris") == 1.0
 
 
 def test_gold_as_zero_dim_numpy_array_is_one_answer():
     # np.array("Beijing", dtype=object).tolist() is the bare string; iterating it gave the
     # answers "B", "e", "i", ... so a one-letter answer scored.
     gold = np.array("Beijing", dtype=object)
-    assert qa_em.as_answer_list(gold) == ["Beijing"]
-    assert qa_em.compute_score_em(ans("B"), gold) == 0.0
-    assert qa_em.compute_score_em(ans("beijing"), {"target": gold}) == 1.0
-    assert qa_em.subem_check("B", gold) == 0
-    assert qa_em_format.compute_score_em("<think>a</think><answer>B</answer>", gold, **FORMAT_KW) \
+    assert answers.as_answer_list(gold) == ["Beijing"]
+    assert reward.compute_score_em(ans("B"), gold) == 0.0
+    assert reward.compute_score_em(ans("beijing"), {"target": gold}) == 1.0
+    assert answers.subem_check("B", gold) == 0
+    assert reward_format.compute_score_em("<think>a</think><answer>B</answer>", gold, **FORMAT_KW) \
         == pytest.approx(0.2)   # well-formed, wrong answer
 
 
 def test_non_string_gold_is_rejected():
     with pytest.raises(ValueError, match="not a string"):
-        qa_em.em_check("1", [1])
+        answers.em_check("1", [1])
 
 
 def test_last_answer_wins():
     text = "<answer>Rolling Stones</answer> hmm <answer>The Beatles</answer>"
-    assert qa_em.extract_solution(text) == "The Beatles"
-    assert qa_em.compute_score_em(text, GT) == 1.0
-    assert qa_em.compute_score_em("<answer>beatles</answer><answer>no</answer>", GT) == 0.0
+    assert reward.extract_solution(text) == "The Beatles"
+    assert reward.compute_score_em(text, GT) == 1.0
+    assert reward.compute_score_em("<answer>beatles</answer><answer>no</answer>", GT) == 0.0
 
 
 def test_single_answer_in_response_counts():
     # the reference needed two matches because it scored prompt + response; we score the response
-    assert qa_em.compute_score_em("<answer>beatles</answer>", GT) == 1.0
+    assert reward.compute_score_em("<answer>beatles</answer>", GT) == 1.0
 
 
 def test_unclosed_and_missing_answers():
-    assert qa_em.extract_solution("<answer>The Beatles") is None
-    assert qa_em.compute_score_em("<answer>The Beatles", GT) == 0.0
-    assert qa_em.compute_score_em("The Beatles", GT) == 0.0
+    assert reward.extract_solution("<answer>The Beatles") is None
+    assert reward.compute_score_em("<answer>The Beatles", GT) == 0.0
+    assert reward.compute_score_em("The Beatles", GT) == 0.0
     # an unclosed trailing tag does not hide an earlier closed one
-    assert qa_em.extract_solution("<answer>beatles</answer><answer>x") == "beatles"
+    assert reward.extract_solution("<answer>beatles</answer><answer>x") == "beatles"
 
 
 def test_answer_inside_information_does_not_count():
     text = ("<think>x</think><search>band</search>\n\n<information>Doc 1(Title: B) "
             "<answer>The Beatles</answer></information>\n\n")
-    assert qa_em.extract_solution(text) is None
-    assert qa_em.compute_score_em(text, GT) == 0.0
-    assert qa_em.compute_score_em(text + "<think>y</think><answer>Stones</answer>", GT) == 0.0
+    assert reward.extract_solution(text) is None
+    assert reward.compute_score_em(text, GT) == 0.0
+    assert reward.compute_score_em(text + "<think>y</think><answer>Stones</answer>", GT) == 0.0
     # cut-off (unclosed) information block is ignored too
-    assert qa_em.extract_solution("<information>x <answer>The Beatles</answer> y") is None
+    assert reward.extract_solution("<information>x <answer>The Beatles</answer> y") is None
 
 
 def test_invalid_action_message_is_not_an_answer():
     """The loop's corrective message holds "<answer> and </answer>"; it is environment text, so a
     row that never answered has no answer (no format credit for a wrong "and"), and a later real
     answer still wins."""
-    from search_r1.prompts import INVALID_ACTION_MESSAGE
+    from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE
 
     unanswered = "<think>hmm</think> I guess" + INVALID_ACTION_MESSAGE + "<think>still thinking"
-    assert qa_em.extract_solution(unanswered) is None
-    assert qa_em.compute_score_em(unanswered, GT, format_score=0.1) == 0.0
-    assert qa_em.extract_solution("<search>x" + INVALID_ACTION_MESSAGE + ans("The Beatles")) == "The Beatles"
-    assert qa_em.extract_solution(INVALID_ACTION_MESSAGE + ans("and")) == "and"  # the model's own "and"
+    assert reward.extract_solution(unanswered) is None
+    assert reward.compute_score_em(unanswered, GT, format_score=0.1) == 0.0
+    assert reward.extract_solution("<search>x" + INVALID_ACTION_MESSAGE + ans("The Beatles")) == "The Beatles"
+    assert reward.extract_solution(INVALID_ACTION_MESSAGE + ans("and")) == "and"  # the model's own "and"
 
 
 def test_empty_answer():
-    assert qa_em.extract_solution("<answer>  </answer>") == ""
-    assert qa_em.compute_score_em("<answer></answer>", GT) == 0.0
-    assert qa_em.compute_score_em("<answer></answer>", GT, format_score=0.1) == 0.1
-    assert qa_em.compute_score_em("<answer> </answer>", ["A"]) == 0.0
-    assert qa_em.compute_score_em("<answer>The</answer>", ["A"]) == 0.0
-    assert qa_em.compute_score_em("<answer>a</answer>", ["A"]) == 1.0
+    assert reward.extract_solution("<answer>  </answer>") == ""
+    assert reward.compute_score_em("<answer></answer>", GT) == 0.0
+    assert reward.compute_score_em("<answer></answer>", GT, format_score=0.1) == 0.1
+    assert reward.compute_score_em("<answer> </answer>", ["A"]) == 0.0
+    assert reward.compute_score_em("<answer>The</answer>", ["A"]) == 0.0
+    assert reward.compute_score_em("<answer>a</answer>", ["A"]) == 1.0
 
 
 def test_whitespace_and_multiline_answer():
-    assert qa_em.compute_score_em("<answer>\n  the\n beatles \n</answer>", GT) == 1.0
+    assert reward.compute_score_em("<answer>\n  the\n beatles \n</answer>", GT) == 1.0
 
 
 def test_plain_format_score():
-    assert qa_em.compute_score_em(ans("Stones"), GT, format_score=0.1) == 0.1
-    assert qa_em.compute_score_em(ans("Beatles"), GT, format_score=0.1, score=2.0) == 2.0
-    assert qa_em.compute_score_em("no tags", GT, format_score=0.1) == 0.0
+    assert reward.compute_score_em(ans("Stones"), GT, format_score=0.1) == 0.1
+    assert reward.compute_score_em(ans("Beatles"), GT, format_score=0.1, score=2.0) == 2.0
+    assert reward.compute_score_em("no tags", GT, format_score=0.1) == 0.0
 
 
 VALID_SEARCH = ("<think>who?</think>\n<search>fab four</search>\n\n<information>Doc 1(Title: \"The "
@@ -155,7 +156,7 @@ VALID_SEARCH = ("<think>who?</think>\n<search>fab four</search>\n\n<information>
      "</information><think>b</think><answer>c</answer>", True),         # tags in passages ignored
 ])
 def test_format_state_machine(text, valid):
-    ok, reason = qa_em_format.check_format(text)
+    ok, reason = reward_format.check_format(text)
     assert ok is valid, reason
 
 
@@ -163,39 +164,39 @@ FORMAT_KW = dict(structure_format_score=0.2, final_format_score=0.1, retrieval_s
 
 
 def test_format_score_em_and_valid():
-    assert qa_em_format.compute_score_em(VALID_SEARCH.format("the beatles"), GT, **FORMAT_KW) == 1.0
+    assert reward_format.compute_score_em(VALID_SEARCH.format("the beatles"), GT, **FORMAT_KW) == 1.0
 
 
 def test_format_score_em_and_invalid():
-    score = qa_em_format.compute_score_em("I think <answer>Beatles</answer>", GT, **FORMAT_KW)
+    score = reward_format.compute_score_em("I think <answer>Beatles</answer>", GT, **FORMAT_KW)
     assert score == pytest.approx(0.8)
 
 
 def test_format_score_valid_no_em_with_retrieval():
-    score = qa_em_format.compute_score_em(VALID_SEARCH.format("Stones"), GT, **FORMAT_KW)
+    score = reward_format.compute_score_em(VALID_SEARCH.format("Stones"), GT, **FORMAT_KW)
     assert score == pytest.approx(0.3)   # structure + gold found in <information>
 
 
 def test_format_score_valid_no_em_without_retrieval():
     text = "<think>a</think><search>q</search><information>nothing here</information>" \
            "<think>b</think><answer>Stones</answer>"
-    assert qa_em_format.compute_score_em(text, GT, **FORMAT_KW) == pytest.approx(0.2)
+    assert reward_format.compute_score_em(text, GT, **FORMAT_KW) == pytest.approx(0.2)
 
 
 def test_format_score_invalid_with_answer():
-    assert qa_em_format.compute_score_em("<answer>Stones</answer>", GT, **FORMAT_KW) == \
+    assert reward_format.compute_score_em("<answer>Stones</answer>", GT, **FORMAT_KW) == \
         pytest.approx(0.1)
 
 
 def test_format_score_invalid_without_answer():
-    assert qa_em_format.compute_score_em("<think>a</think> nothing", GT, **FORMAT_KW) == 0.0
-    assert qa_em_format.compute_score_em("<think>a</think><answer>Beatles", GT, **FORMAT_KW) == 0.0
+    assert reward_format.compute_score_em("<think>a</think> nothing", GT, **FORMAT_KW) == 0.0
+    assert reward_format.compute_score_em("<think>a</think><answer>Beatles", GT, **FORMAT_KW) == 0.0
 
 
 def test_default_compute_score_dispatch():
     text = "I think <answer>Beatles</answer>"
-    assert default_compute_score("nq", text, GT) == 1.0
-    assert default_compute_score("hotpotqa", text, GT, **FORMAT_KW) == pytest.approx(0.8)
-    assert default_compute_score("bamboogle", "<answer>x</answer>", GT, format_score=0.1) == 0.1
+    assert reward.compute_score("nq", text, GT)["score"] == 1.0
+    assert reward.compute_score("hotpotqa", text, GT, **FORMAT_KW)["score"] == pytest.approx(0.8)
+    assert reward.compute_score("bamboogle", "<answer>x</answer>", GT, format_score=0.1)["score"] == 0.1
     with pytest.raises(NotImplementedError, match="gsm8k"):
-        default_compute_score("gsm8k", text, GT)
+        reward.compute_score("gsm8k", text, GT)

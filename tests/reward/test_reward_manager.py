@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from search_r1.envs.search_r1 import reward
 from verl.protocol import DataProto
 from verl.workers.reward_manager import RewardManager, mean_by_data_source, response_lengths
 
@@ -51,7 +52,7 @@ def test_score_on_last_real_token_when_pad_is_eos(smollm2_tokenizer):
              "<think>long thinking here</think><answer>the beatles</answer>"]
     data, lengths = make_batch(tok, texts, ["nq", "nq", "hotpotqa"],
                                [["Paris"], ["Paris"], np.array(["Beatles"], dtype=object)])
-    scores = RewardManager(tok)(data)
+    scores = RewardManager(tok, reward.compute_score)(data)
     assert scores.shape == data.batch["responses"].shape and scores.dtype == torch.float32
     for row, length in enumerate(lengths):
         nonzero = scores[row].nonzero().flatten().tolist()
@@ -78,7 +79,7 @@ def test_return_dict_extra_info_and_means(smollm2_tokenizer):
     tok = smollm2_tokenizer
     texts = ["<answer>Paris</answer>", "<answer>no</answer>", "<think>a</think><answer>yes</answer>"]
     data, _ = make_batch(tok, texts, ["nq", "nq", "hotpotqa"], [["Paris"], ["Paris"], ["yes"]])
-    manager = RewardManager(tok, num_examine=1, structure_format_score=0.2,
+    manager = RewardManager(tok, reward.compute_score, num_examine=1, structure_format_score=0.2,
                             final_format_score=0.1, retrieval_score=0.1)
     out = manager(data, return_dict=True)
     assert set(out) == {"reward_tensor", "reward_extra_info"}
@@ -104,7 +105,7 @@ def test_bad_arguments(smollm2_tokenizer):
     data, _ = make_batch(smollm2_tokenizer, ["x"], ["nq"], [["x"]])
     data.non_tensor_batch["reward_model"] = np.array([{"style": "rule"}], dtype=object)
     with pytest.raises(ValueError, match="row 0.*ground_truth"):
-        RewardManager(smollm2_tokenizer)(data)
+        RewardManager(smollm2_tokenizer, reward.compute_score)(data)
 
 
 def test_mean_by_data_source():

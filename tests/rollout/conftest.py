@@ -30,7 +30,7 @@ MODES = ("sync", "async")
 
 @pytest.fixture(params=MODES)
 def mode(request) -> str:
-    """The rollout mode (``GenerationConfig.mode``): every test taking it runs in both."""
+    """The rollout mode (``LoopConfig.mode``): every test taking it runs in both."""
     return request.param
 
 
@@ -111,7 +111,7 @@ def long_context_vllm_engine(smollm2_path, tokenizer):
 
 def chat_prompt(tokenizer, question: str, assistant_prefix: str = "") -> list[int]:
     """Search-R1 prompt for ``question`` with the chat template, plus a forced assistant prefix."""
-    from search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1.prompts import make_prefix
     text = tokenizer.apply_chat_template([{"role": "user", "content": make_prefix(question)}],
                                          tokenize=False, add_generation_prompt=True)
     return tokenizer.encode(text + assistant_prefix, add_special_tokens=False)

@@ -11,9 +11,8 @@ import statistics
 import pytest
 
 from benchmarks.latency_proxy import LatencyModel, launch_proxy
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
 from search_r1.search.client import RetrieverClient
-from tests.rollout.scripted import ScriptedEngine
+from tests.rollout.scripted import ScriptedEngine, search_loop
 from tests.rollout.test_generation_loop import PARAMS, make_batch
 
 
@@ -32,13 +31,13 @@ def test_async_search_cap_bounds_searches_in_flight(tokenizer, slow_retriever_ur
     prompts, batch = make_batch(tokenizer, questions)
     engine = ScriptedEngine(tokenizer, prompts, [["<search>England writer</search>", "<answer>x</answer>"]] * 8)
     client = RetrieverClient(proxy.retrieve_url, topk=2, max_concurrency=3)
-    config = GenerationConfig(max_turns=2, max_response_length=400, max_obs_length=200, mode="async")
-    out = LLMGenerationManager(tokenizer, engine, config, client).run_llm_loop(batch, PARAMS)
+    config = dict(max_turns=2, max_response_length=400, max_obs_length=200, mode="async")
+    out = search_loop(tokenizer, engine, client, **config).run(batch, PARAMS)
     after = proxy.stats()
     assert out.batch["valid_search"].tolist() == [1] * 8 and out.batch["finished"].tolist() == [1] * 8
     assert after["requests"] == 8 and after["queries"] == 8
     assert after["peak_in_flight"] == 3  # the cap, reached (8 searches waiting, 300 ms each)
-    assert out.meta_info["timing"]["peak_searches_in_flight"] == 3.0
+    assert out.meta_info["timing"]["peak_tool_calls_in_flight"] == 3.0
 
 
 def test_sync_loop_keeps_the_same_cap_in_queries(tokenizer, slow_retriever_url):

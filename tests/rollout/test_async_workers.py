@@ -13,7 +13,7 @@ import os
 import pytest
 import torch
 
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+from tests.rollout.scripted import search_loop
 from tests.rollout.conftest import chat_prompt
 from tests.trainer.conftest import qa_parquet, retriever_url  # noqa: F401  (fixtures)
 from tests.trainer.helpers import read_metrics, run_main, tiny_overrides
@@ -62,10 +62,10 @@ def test_async_rollout_on_two_ray_ranks_equals_the_sync_loop(rollout_group, hf_e
     params = SamplingParams(temperature=0, max_tokens=48)
     outputs = {}
     for mode, engine in (("sync", hf_engine), ("async", WorkerGroupEngine(rollout_group, world_size=2))):
-        config = GenerationConfig(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200,
+        config = dict(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200,
                                   mode=mode)
-        manager = LLMGenerationManager(tokenizer, engine, config, retriever)
-        outputs[mode] = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
+        manager = search_loop(tokenizer, engine, retriever, **config)
+        outputs[mode] = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
     sync, remote = outputs["sync"], outputs["async"]
     assert len(remote) == len(prompts)
     for key in ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "turns",

@@ -9,12 +9,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
 from tests.rollout.conftest import chat_prompt
-from tests.rollout.scripted import ScriptedEngine
+from tests.rollout.scripted import ScriptedEngine, search_loop
 from tests.rollout.test_generation_loop import PARAMS
 from verl.protocol import DataProto
-from verl.utils.reward_score import qa_em_format
+from search_r1.envs.search_r1 import reward, reward_format
 from verl.workers.reward_manager import RewardManager
 
 FORMAT = {"structure_format_score": 0.2, "final_format_score": 0.1, "retrieval_score": 0.1}
@@ -30,9 +29,9 @@ ROWS = [  # (forced assistant prefix, turns the model writes)
 def rollout(tokenizer, retriever, mode):
     prompts = [chat_prompt(tokenizer, f"{QUESTION} ({i})", prefix) for i, (prefix, _) in enumerate(ROWS)]
     engine = ScriptedEngine(tokenizer, prompts, [turns for _, turns in ROWS])
-    config = GenerationConfig(max_turns=2, max_prompt_length=2048, max_response_length=600, max_obs_length=200,
+    config = dict(max_turns=2, max_prompt_length=2048, max_response_length=600, max_obs_length=200,
                               mode=mode)
-    out = LLMGenerationManager(tokenizer, engine, config, retriever).run_llm_loop(
+    out = search_loop(tokenizer, engine, retriever, **config).run(
         DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), PARAMS)
     out.non_tensor_batch["data_source"] = np.array(["nq"] * len(ROWS), dtype=object)
     out.non_tensor_batch["reward_model"] = np.array(
@@ -41,7 +40,7 @@ def rollout(tokenizer, retriever, mode):
 
 
 def scores(tokenizer, out, **score_kwargs) -> list[float]:
-    return RewardManager(tokenizer, **score_kwargs)(out).sum(-1).tolist()
+    return RewardManager(tokenizer, reward.compute_score, **score_kwargs)(out).sum(-1).tolist()
 
 
 def test_forced_prefix_rows_earn_the_reward(tokenizer, retriever, mode):
@@ -56,11 +55,11 @@ def test_forced_prefix_rows_earn_the_reward(tokenizer, retriever, mode):
 
 def test_format_check_starts_inside_the_opened_tag():
     answer = "<answer> Caracas </answer>"
-    assert not qa_em_format.is_valid_sequence(answer)  # the model opened <answer> without thinking
-    assert qa_em_format.is_valid_sequence(answer, action_prefix="<answer>")  # the prompt opened it
+    assert not reward_format.is_valid_sequence(answer)  # the model opened <answer> without thinking
+    assert reward_format.is_valid_sequence(answer, action_prefix="<answer>")  # the prompt opened it
     searched = "<search> q </search>\n\n<information>Doc</information>\n\n<think>t</think><answer> a </answer>"
-    assert qa_em_format.is_valid_sequence(searched, action_prefix="<search>")
-    assert qa_em_format.compute_score_em(answer, ["Caracas"], **FORMAT, action_prefix="<answer>") == 1.0
-    assert qa_em_format.compute_score_em(answer, ["Caracas"], **FORMAT) == pytest.approx(0.8)
+    assert reward_format.is_valid_sequence(searched, action_prefix="<search>")
+    assert reward_format.compute_score_em(answer, ["Caracas"], **FORMAT, action_prefix="<answer>") == 1.0
+    assert reward_format.compute_score_em(answer, ["Caracas"], **FORMAT) == pytest.approx(0.8)
     with pytest.raises(ValueError, match="action_prefix"):
-        qa_em_format.check_format(" Caracas </answer>", action_prefix="<answer>")
+        reward_format.check_format(" Caracas </answer>", action_prefix="<answer>")

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
-from search_r1.llm_agent.observation import ObservationEncoder
-from search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages
+from search_r1.envs.search_r1 import SearchR1Environment
+from search_r1.envs.search_tool import SearchTool
+from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages
 from verl.protocol import DataProto
 from verl.workers.rollout.base import SamplingParams
 
-from tests.rollout.scripted import ScriptedEngine
+from tests.rollout.scripted import ScriptedEngine, search_loop
 
 PARAMS = SamplingParams(temperature=0, max_tokens=64)
 
@@ -33,10 +33,10 @@ def make_batch(tokenizer, questions):
 def run(tokenizer, retriever, scripts, mode="sync", **config):
     prompts, batch = make_batch(tokenizer, [f"q{i}" for i in range(len(scripts))])
     engine = ScriptedEngine(tokenizer, prompts, scripts)
-    cfg = GenerationConfig(**{"max_turns": 2, "max_response_length": 400, "max_obs_length": 200, "mode": mode,
+    cfg = dict(**{"max_turns": 2, "max_response_length": 400, "max_obs_length": 200, "mode": mode,
                               **config})
-    manager = LLMGenerationManager(tokenizer, engine, cfg, retriever)
-    return prompts, engine, manager.run_llm_loop(batch, PARAMS)
+    manager = search_loop(tokenizer, engine, retriever, **cfg)
+    return prompts, engine, manager.run(batch, PARAMS)
 
 
 def response_text(tokenizer, out, row, masked=None):
@@ -101,7 +101,7 @@ def test_observation_truncation_keeps_closing_tag(tokenizer, retriever, mode):
     mask = out.batch["response_mask"][0]
     real = out.batch["attention_mask"][0, -400:].bool()
     obs_ids = out.batch["responses"][0][real & ~mask.bool()]
-    assert len(obs_ids) == 40 and out.meta_info["obs_truncated"] == 1
+    assert len(obs_ids) == 40 and out.batch["obs_truncated"].tolist() == [1]
     assert tokenizer.decode(obs_ids).endswith("</information>\n\n")
 
 
@@ -137,7 +137,7 @@ def test_shapes_masks_positions(tokenizer, retriever, mode):
 
 
 def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever, mode):
-    from search_r1.prompts import format_observation, format_passages
+    from search_r1.envs.search_r1.prompts import format_observation, format_passages
     scripts = [["<search>England writer</search>", "<answer>x</answer>"]]
     _, _, out = run(tokenizer, retriever, scripts, mode, max_obs_length=1000)
     docs = retriever.retrieve(["England writer"])[0]
@@ -157,15 +157,15 @@ def test_retriever_down_fails_clearly(tokenizer, mode):
 
 def test_observation_encoder_rejects_tiny_budget(tokenizer):
     with pytest.raises(ValueError, match="max_obs_length"):
-        ObservationEncoder(tokenizer, 5)
+        SearchR1Environment(tokenizer, SearchTool(None), 5)
 
 
 def test_prompt_that_opens_the_search_tag(tokenizer, retriever, mode):
     prompts = [tokenizer.encode("Question: q?\n<search>", add_special_tokens=False)]
     engine = ScriptedEngine(tokenizer, prompts, [["England writer</search>", "<answer>x</answer>"]])
-    manager = LLMGenerationManager(tokenizer, engine, GenerationConfig(max_turns=2, max_response_length=400,
-                                                                       max_obs_length=200, mode=mode), retriever)
-    out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), PARAMS)
+    manager = search_loop(tokenizer, engine, retriever, max_turns=2, max_response_length=400,
+                          max_obs_length=200, mode=mode)
+    out = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), PARAMS)
     assert out.batch["valid_search"].tolist() == [1] and out.batch["finished"].tolist() == [1]
     assert out.non_tensor_batch["action_prefix"].tolist() == ["<search>"]
 
@@ -190,8 +190,10 @@ def test_sync_and_async_give_the_same_trajectories(tokenizer, retriever):
 
 
 def test_mode_must_be_known():
+    from verl.workers.rollout.agent_loop import LoopConfig
+
     with pytest.raises(ValueError, match="rollout mode.*'asynchronous'"):
-        GenerationConfig(mode="asynchronous")
+        LoopConfig(max_turns=1, max_start_length=8, max_prompt_length=16, max_response_length=8, mode="asynchronous")
 
 
 def test_unknown_mode_fails_before_any_model_loads(tiny_qwen_path, tmp_path):
@@ -235,10 +237,11 @@ def test_a_query_several_rows_ask_is_retrieved_once(tokenizer, retriever, retrie
 def test_observation_cache_gives_the_uncached_ids_and_private_copies(tokenizer, retriever):
     docs = retriever.retrieve(["England writer"])[0]
     for budget in (1000, 40):  # fits whole / cut inside the passages
-        cached = ObservationEncoder(tokenizer, budget)
-        first, cut = cached.search(docs)
+        cached = SearchR1Environment(tokenizer, SearchTool(None), budget).observations
+        content = format_passages(docs).strip()
+        first, cut = cached.wrap(content)
         first.append(-1)  # the caller owns its list: the cache must not see this
-        again, cut_again = cached.search(docs)
-        fresh, fresh_cut = ObservationEncoder(tokenizer, budget)._encode_search(format_passages(docs))
+        again, cut_again = cached.wrap(content)
+        fresh, fresh_cut = SearchR1Environment(tokenizer, SearchTool(None), budget).observations._encode(content)
         assert again == fresh and cut_again == cut == fresh_cut == (budget == 40)
         assert len(cached._cache) == 1

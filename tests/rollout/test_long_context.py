@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
+from tests.rollout.scripted import search_loop
 from tests.rollout.conftest import REPO, chat_prompt
 from verl.protocol import DataProto
 from verl.utils.dataset.config import DataConfig
@@ -40,12 +40,12 @@ def test_engine_length_follows_the_budgets():
 def test_multi_turn_context_past_2048_tokens_completes(long_context_vllm_engine, tokenizer, retriever):
     prompt = chat_prompt(tokenizer, long_question(tokenizer, 1950), PREFIX)
     assert 2000 < len(prompt) < DATA.max_start_length
-    config = GenerationConfig(max_turns=2, max_start_length=DATA.max_start_length,
+    config = dict(max_turns=2, max_start_length=DATA.max_start_length,
                               max_prompt_length=DATA.max_prompt_length,
                               max_response_length=DATA.max_response_length * 3 + DATA.max_obs_length * 2,
                               max_obs_length=DATA.max_obs_length)
-    manager = LLMGenerationManager(tokenizer, long_context_vllm_engine, config, retriever)
-    out = manager.run_llm_loop(DataProto.from_dict(non_tensors={"raw_prompt_ids": [prompt]}),
+    manager = search_loop(tokenizer, long_context_vllm_engine, retriever, **config)
+    out = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": [prompt]}),
                                SamplingParams(temperature=0, max_tokens=DATA.max_response_length))
     total = int(out.batch["attention_mask"][0].sum())
     assert int(out.batch["valid_search"][0]) >= 1 and int(out.batch["turns"][0]) >= 2

@@ -1,6 +1,6 @@
 """Action parsing: first complete tag pair wins; empty queries are invalid."""
 
-from search_r1.llm_agent.parsing import parse_action
+from search_r1.envs.search_r1.parsing import parse_action
 
 
 def test_search_then_answer_first_wins():
@@ -30,7 +30,7 @@ def test_multiline_query():
 
 
 def test_reasoning_blocks_and_the_text_outside_them():
-    from search_r1.llm_agent.parsing import split_reasoning
+    from search_r1.envs.search_r1.parsing import split_reasoning
 
     assert split_reasoning("<think> a\nb </think>\n") == (["a\nb"], "")
     assert split_reasoning("x <think>a</think> y <think>b</think>") == (["a", "b"], "x   y")
@@ -41,7 +41,7 @@ def test_parse_passages_inverts_format_passages_on_the_example_corpus():
     import json
     from pathlib import Path
 
-    from search_r1.prompts import format_observation, format_passages, parse_passages, split_contents
+    from search_r1.envs.search_r1.prompts import format_observation, format_passages, parse_passages, split_contents
 
     corpus = [json.loads(line) for line in (Path(__file__).resolve().parents[2] / "example" / "corpus.jsonl").open()]
     for start in range(0, len(corpus), 3):
@@ -54,7 +54,7 @@ def test_parse_passages_inverts_format_passages_on_the_example_corpus():
 
 
 def test_parse_passages_of_cut_and_empty_blocks():
-    from search_r1.prompts import parse_passages
+    from search_r1.envs.search_r1.prompts import parse_passages
 
     assert parse_passages("") == [] and parse_passages("no documents here") == []
     text = 'Doc 1(Title: "A (b)") one Doc 2(Title: x) inside\nDoc 2(Title: "T") two\nDoc 3(Title: "Cut'

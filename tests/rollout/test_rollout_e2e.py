@@ -3,15 +3,15 @@ in both rollout modes (the async runs carry ``async`` in their ids)."""
 
 from __future__ import annotations
 
-import logging
 import math
 
 import pytest
 import torch
 
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
-from search_r1.llm_agent.observation import ObservationEncoder
-from search_r1.llm_agent.parsing import parse_action
+from tests.rollout.scripted import search_loop
+from search_r1.envs.search_r1 import SearchR1Environment
+from search_r1.envs.search_tool import SearchTool
+from search_r1.envs.search_r1.parsing import parse_action
 from tests.rollout.conftest import chat_prompt
 from verl.protocol import DataProto
 from verl.workers.rollout.base import SamplingParams
@@ -25,10 +25,10 @@ QUESTIONS = ["Where was Manuel Díaz Rodríguez born?", "What did Manuel Díaz R
 def rollout(engine, tokenizer, retriever, mode="sync", prompts=None):
     prompts = prompts or [chat_prompt(tokenizer, q, PREFIX) for q in QUESTIONS]
     batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts})
-    config = GenerationConfig(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200,
+    config = dict(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200,
                               mode=mode)
-    manager = LLMGenerationManager(tokenizer, engine, config, retriever)
-    return prompts, manager.run_llm_loop(batch, SamplingParams(temperature=0, max_tokens=48))
+    manager = search_loop(tokenizer, engine, retriever, **config)
+    return prompts, manager.run(batch, SamplingParams(temperature=0, max_tokens=48))
 
 
 def observation_spans(mask: list[int]) -> list[tuple[int, int]]:
@@ -46,7 +46,7 @@ def observation_spans(mask: list[int]) -> list[tuple[int, int]]:
 def test_multi_turn_search_rollout(engine_name, request, tokenizer, retriever, mode):
     engine = request.getfixturevalue(engine_name)
     prompts, out = rollout(engine, tokenizer, retriever, mode)
-    encoder = ObservationEncoder(tokenizer, 200)
+    env = SearchR1Environment(tokenizer, SearchTool(None), 200)
     width = out.batch["prompts"].shape[1]
     for row, prompt in enumerate(prompts):
         real = out.batch["attention_mask"][row, width:].bool()
@@ -66,7 +66,7 @@ def test_multi_turn_search_rollout(engine_name, request, tokenizer, retriever, m
         query = parse_action("<search>" + tokenizer.decode(response[:spans[0][0]])).content
         assert query
         docs = retriever.retrieve([query])[0]
-        assert response[spans[0][0]:spans[0][1]] == encoder.search(docs)[0]
+        assert response[spans[0][0]:spans[0][1]] == env.render(docs).ids
         assert tokenizer.decode(response[spans[0][0]:spans[0][1]]).endswith("</information>\n\n")
     assert int(out.batch["valid_search"].sum()) >= len(prompts)
 

@@ -1,7 +1,7 @@
 """A turn ends exactly at its stop string, with real tokenizers whose BPE merges ``>`` with what follows.
 
 SmolLM2 merges ``><`` and ``>.``; Qwen2.5 ``>.`` and ``>\\n\\n``. The token that completes
-``</search>``/``</answer>`` then carries more text; the rule (``search_r1/llm_agent/stop_rule.py``)
+``</search>``/``</answer>`` then carries more text; the rule (``verl/workers/rollout/agent_loop/stop_rule.py``)
 drops that token and appends the rest of the stop string as environment tokens (mask 0).
 """
 
@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
-from search_r1.llm_agent.stop_rule import split_at_stop
-from tests.rollout.scripted import ScriptedEngine
+from verl.workers.rollout.agent_loop.stop_rule import split_at_stop
+from tests.rollout.scripted import ScriptedEngine, search_loop
 from tests.rollout.test_generation_loop import PARAMS, make_batch
 from verl.workers.rollout.base import first_stop
 
@@ -40,8 +39,8 @@ def test_turn_ends_exactly_at_the_stop_string(tokenizer_name, first_turn, merged
     assert tokenizer.decode(sampled[-1:]) == merged, "the tokenizer no longer merges; the case is vacuous"
     prompts, batch = make_batch(tokenizer, ["q0"])
     engine = ScriptedEngine(tokenizer, prompts, [[first_turn, "<answer> Caracas </answer>."]])
-    config = GenerationConfig(max_turns=2, max_response_length=400, max_obs_length=200, mode=mode)
-    out = LLMGenerationManager(tokenizer, engine, config, retriever).run_llm_loop(batch, PARAMS)
+    config = dict(max_turns=2, max_response_length=400, max_obs_length=200, mode=mode)
+    out = search_loop(tokenizer, engine, retriever, **config).run(batch, PARAMS)
 
     real = out.batch["attention_mask"][0, -400:].bool()
     response = out.batch["responses"][0][real].tolist()

@@ -11,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from search_r1.prompts import format_observation, make_prefix  # noqa: E402
+from search_r1.envs.search_r1.prompts import format_observation, make_prefix  # noqa: E402
 
 
 def demo_assistant(query: str, passage: str, answer: str) -> str:
@@ -23,7 +23,7 @@ def demo_assistant(query: str, passage: str, answer: str) -> str:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory):
-    from verl.utils.model_zoo import build_tiny_causal_lm
+    from benchmarks.save_random_model import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from search_r1.prompts import format_observation, format_passages, make_prefix
-from search_r1.prompts import ENVIRONMENT_TEXT
+from search_r1.envs.search_r1.prompts import format_observation, format_passages, make_prefix
+from search_r1.envs.search_r1.prompts import ENVIRONMENT_TEXT
 from verl.utils.dataset.sft_dataset import split_assistant_content
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -69,21 +69,22 @@ def test_train_question_equal_to_a_test_question_is_refused(tmp_path):
 
 
 def test_cut_observation_is_what_the_rl_stage_shows(tiny_tokenizer):
-    """With a tokenizer and max_obs_length, the <information> block is the generation manager's own
-    ObservationEncoder output (cut inside the passages, wrapper kept), decoded."""
-    from search_r1.llm_agent.observation import ObservationEncoder
+    """With a tokenizer and max_obs_length, the <information> block is the Search-R1 environment's own
+    observation (cut inside the passages, wrapper kept), decoded."""
+    from search_r1.envs.search_r1 import SearchR1Environment
+    from search_r1.envs.search_tool import SearchTool
 
     retriever = make_sft_data.InProcessBM25(str(ROOT / "example" / "corpus.jsonl"), topk=3)
     rows = make_sft_data.training_questions(ROOT / "example" / "qa", set())[:6]
     observe = make_sft_data.ObservationText(tiny_tokenizer, 64)
     demos = make_sft_data.build_demonstrations(rows, retriever, 6, seed=0, observe=observe)
-    encoder = ObservationEncoder(tiny_tokenizer, 64)
+    env = SearchR1Environment(tiny_tokenizer, SearchTool(None), 64)
     for demo in demos:
         content = demo["messages"][1]["content"]
         first, observation, last = (s.text for s in split_assistant_content(content, ENVIRONMENT_TEXT))
         query = re.fullmatch(r"<think> .+ </think>\n<search> (.+) </search>", first).group(1)
-        ids, cut = encoder.search(retriever.retrieve([query])[0])
-        assert cut and observation == tiny_tokenizer.decode(ids)
+        rendered = env.render(retriever.retrieve([query])[0])
+        assert rendered.counts["obs_truncated"] and observation == tiny_tokenizer.decode(rendered.ids)
         assert observation.endswith("</information>\n\n") and len(tiny_tokenizer.encode(observation)) <= 66
         # The second think states the answer and is not a copy of the first (v1's failure mode).
         answer = re.fullmatch(r"<think> (.+) </think>\n<answer> (.+) </answer>", last)

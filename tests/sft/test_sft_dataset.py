@@ -7,8 +7,8 @@ import json
 import pandas as pd
 import pytest
 
-from search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, make_prefix
-from search_r1.prompts import ENVIRONMENT_TEXT
+from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, make_prefix
+from search_r1.envs.search_r1.prompts import ENVIRONMENT_TEXT
 from verl.utils.dataset.sft_dataset import (SFTDataset, collate_right_padded, message_segments,
                                             split_assistant_content, token_budget_batches,
                                             tokenize_segments)

@@ -37,7 +37,7 @@ CORPUS = [
 
 
 def _row(question: str, answers: list[str], index: int, split: str) -> dict:
-    from search_r1.prompts import make_prefix
+    from search_r1.envs.search_r1.prompts import make_prefix
 
     return {"data_source": "nq", "prompt": [{"role": "user", "content": make_prefix(question)}],
             "ability": "fact-reasoning", "reward_model": {"style": "rule", "ground_truth": {"target": answers}},

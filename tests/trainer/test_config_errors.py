@@ -38,6 +38,9 @@ def test_defaults_pass_checks_and_are_immutable():
     ("data.train_batch_size=100", "data.train_batch_size (100) is not divisible by actor.ppo_mini_batch_size (256)"),
     ("algorithm.adv_estimator=grpoo", "algorithm.adv_estimator='grpoo': choose one of"),
     ("actor_rollout_ref.rollout.val_kwargs.do_sample=true", "set actor_rollout_ref.rollout.val_kwargs.temperature > 0"),
+    ("env.name=search_r2", "error: env.name: no environment 'search_r2' (known: search_r1, tool_call"),
+    ("+recipe=search_r1_grpoo", "error: recipe: no preset 'search_r1_grpoo' (known: "),
+    ("reward_model.style=fmt", "error: reward_model.style: 'fmt' is not one of em, format"),
 ])
 def test_command_line_errors_name_the_key_in_one_line(override, message):
     result = _run_main(override)
@@ -71,6 +74,37 @@ def test_parse_config_names_culprit(overrides, message):
     with pytest.raises(ConfigError) as error:
         parse_config(overrides)
     assert message in str(error.value)
+
+
+def test_the_environment_brings_its_sections():
+    """env.name picks the run's config class: tool_call has the retriever but not Search-R1's format
+    scores; a key of another environment is an unknown key."""
+    tool_call = parse_config(["env.name=tool_call", "retriever.topk=5"])
+    assert type(tool_call).__name__ == "ToolCallConfig" and tool_call.retriever.topk == 5
+    with pytest.raises(ConfigError, match="reward_model.structure_format_score: Key 'structure_format_score' not in"):
+        parse_config(["env.name=tool_call", "reward_model.structure_format_score=0.2"])
+
+
+RECIPES = sorted(p.stem for p in (Path(__file__).resolve().parents[2] / "verl" / "trainer" / "config" / "recipe").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("algo", ["ppo", "grpo"])
+def test_every_recipe_passes_the_start_up_check_on_each_algorithm(recipe, algo):
+    """Each preset stacked on a training script's recipe is a valid run (keys, types, batch sizes)."""
+    config = parse_config([f"+recipe=search_r1_{algo}", f"+recipe={recipe}"])
+    assert make_run_plan(config, 10).total_training_steps > 0
+
+
+def test_recipes_stack_in_order_and_overrides_win():
+    """A script's recipe, the user's recipe on top, then key=value over every recipe."""
+    grpo = parse_config(["+recipe=search_r1_grpo"])
+    assert grpo.algorithm.adv_estimator == "grpo" and grpo.actor_rollout_ref.rollout.n == 5
+    embedded = parse_config(["+recipe=search_r1_grpo", "+recipe=embedded_cpu_grpo", "data.train_batch_size=4"])
+    assert embedded.actor_rollout_ref.rollout.n == 4 and embedded.data.val_batch_size == 8
+    assert embedded.data.train_batch_size == 4 and embedded.reward_model.structure_format_score == 0.2
+    ppo = parse_config(["recipe=[embedded_cpu_ppo]"])
+    assert ppo.algorithm.adv_estimator == "gae" and ppo.algorithm.use_kl_in_reward
 
 
 def test_validation_sampling_with_a_temperature_passes():

@@ -109,3 +109,20 @@ def test_resume_after_kill_equals_straight_run(tiny_qwen_path, qa_parquet, retri
     _check_ok(result)
     last = read_metrics(resumed)[-1]
     assert last["step"] == 4 and "val/test_score/nq" in last and "critic/score/mean" not in last
+
+
+def test_tool_call_environment_trains_through_the_entry_point(tiny_qwen_path, qa_parquet, retriever_url, tmp_path):
+    """``env.name=tool_call``: the same entry point, data and retriever; the prompts are the chat
+    template's with the search tool, the rollout stops at ``</tool_call>``, the reward is EM."""
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + [
+        "env.name=tool_call", "trainer.backend=local", "trainer.total_training_steps=1", "trainer.save_freq=-1",
+        "trainer.test_freq=1", "data.max_start_length=640", "data.max_prompt_length=1024",
+        f"trainer.validation_data_dir={tmp_path / 'val'}"]
+    result = run_main(overrides)
+    _check_ok(result)
+    metrics = read_metrics(out)[-1]
+    assert metrics["step"] == 1 and "reward_extra/em" in metrics and "env/number_of_valid_search" in metrics
+    records = [__import__("json").loads(line) for line in open(tmp_path / "val" / "1.jsonl")]
+    assert len(records) == 4 and all('"name": "search"' in r["input"] for r in records)  # the tool in the prompt
+    assert not (tmp_path / "val" / "1.html").exists()  # tool_call has no trajectory report

@@ -56,7 +56,9 @@ def test_data_and_env_metrics_named_as_verl():
     batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
     batch.batch["advantages"] = batch.batch["response_mask"] * 0.5
     batch.batch["returns"] = batch.batch["response_mask"]
-    metrics = metric_utils.compute_data_metrics(batch, use_critic=False)
+    from search_r1.envs.search_r1 import SearchR1Environment
+
+    metrics = metric_utils.compute_data_metrics(batch, False, SearchR1Environment)  # its counters and figures
     assert metrics["critic/score/mean"] == pytest.approx(0.5)
     assert metrics["response_length/max"] == 3 and metrics["response_length/clip_ratio"] == pytest.approx(0.25)
     assert metrics["env/number_of_valid_search"] == pytest.approx(0.5)
@@ -83,7 +85,7 @@ def test_validation_sampling_is_greedy_training_samples():
     val = sampling_params(rollout, 64, validate=True)
     train = sampling_params(rollout, 64)
     assert val.greedy and val.temperature == 0.0
-    assert not train.greedy and train.top_p == 0.95 and train.stop == []  # the generation manager owns them
+    assert not train.greedy and train.top_p == 0.95 and train.stop == []  # the agent loop sets the environment's
 
 
 def test_training_requests_seeded_unless_turned_off():

@@ -1,8 +1,8 @@
 """Validation figures are per-question statistics, whatever the batching (issue 17, item 6).
 
 The real pieces of the trainer's validation path: Search-R1 parquet rows through ``RLHFDataset`` and
-``InOrderBatches``, the real generation manager (a scripted engine writes the turns), the real EM
-reward manager and the Qwen tokenizer.
+``InOrderBatches``, the real agent loop in the Search-R1 environment (a scripted engine writes the
+turns), the real EM reward manager and the Qwen tokenizer.
 """
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
-from search_r1.prompts import make_prefix
-from tests.rollout.scripted import ScriptedEngine
+from search_r1.envs.search_r1 import reward
+from search_r1.envs.search_r1.prompts import make_prefix, question_of
+from verl.utils.dataset.config import DataConfig
+from tests.rollout.scripted import ScriptedEngine, search_loop
 from verl.trainer.ppo import stages
 from verl.trainer.ppo.data_loading import iterate_in_order
-from verl.trainer.ppo.validation import question_of, read_records, run_validation
+from verl.trainer.ppo.validation import read_records, run_validation
 from verl.utils.dataset.rl_dataset import RLHFDataset, collate_fn
 from verl.workers.reward_manager import RewardManager
 from verl.workers.rollout.base import SamplingParams
@@ -44,7 +45,7 @@ def dataset(tokenizer, tmp_path_factory):
              "extra_info": {"split": "test", "index": i, "uid": f"q-{i}"}} for i in range(NUM_ROWS)]
     path = tmp_path_factory.mktemp("val") / "test.parquet"
     pd.DataFrame(rows).to_parquet(path)
-    return RLHFDataset(str(path), tokenizer, max_prompt_length=512)
+    return RLHFDataset(str(path), tokenizer, DataConfig(max_start_length=512))
 
 
 def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, report=None, progress: bool = False) -> dict:
@@ -52,17 +53,18 @@ def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, report=None, p
     scripts = [[f"<answer> {i} </answer>"] if i == FINISHED_ROW else ["<search> number </search>", "<search> a number </search>"]
                for i in range(len(dataset))]
     engine = ScriptedEngine(tokenizer, prompts, scripts)
-    config = GenerationConfig(max_turns=1, max_start_length=512, max_prompt_length=1024,
+    config = dict(max_turns=1, max_start_length=512, max_prompt_length=1024,
                               max_response_length=256, max_obs_length=64, do_search=False)
-    manager = LLMGenerationManager(tokenizer, engine, config)
+    manager = search_loop(tokenizer, engine, **config)
+    env = manager.env
     params = SamplingParams(temperature=0.0, max_tokens=32)
 
     def generate(batch, on_turn=None):  # what RayPPOTrainer.validate passes
         batch = stages.expand_groups(batch, 1)
-        return stages.carry_row_fields(batch, manager.run_llm_loop(batch, params, on_turn=on_turn))
+        return stages.carry_row_fields(batch, manager.run(batch, params, on_turn=on_turn))
 
     batches = iterate_in_order(dataset, collate_fn, batch_size)
-    return run_validation(batches, generate, RewardManager(tokenizer), tokenizer, dump_dir=dump_dir,
+    return run_validation(batches, generate, RewardManager(tokenizer, reward.compute_score), tokenizer, env, dump_dir=dump_dir,
                           global_step=3, progress=progress, report=report)
 
 

@@ -19,7 +19,6 @@ each rank takes its share of every global batch.
 
 from __future__ import annotations
 
-import math
 import os
 import random
 import time
@@ -33,7 +32,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from search_r1.prompts import ENVIRONMENT_TEXT
+from verl.envs.registry import load_environment
 from verl.trainer.ppo import checkpointing
 from verl.trainer.run_exit import run_or_exit
 from verl.trainer.sft_config import SFTConfig
@@ -119,7 +118,7 @@ class FSDPSFTTrainer:
         data = self.config.data
         return SFTDataset([os.path.expanduser(f) for f in files], self.tokenizer, data.max_length,
                           data.truncation, data.messages_key, data.prompt_key, data.response_key,
-                          environment_text=ENVIRONMENT_TEXT)
+                          environment_text=load_environment(self.config.env.name, self.config.env.module).environment_text)
 
     def _build_model(self) -> torch.nn.Module:
         model_cfg = self.config.model

@@ -1,7 +1,7 @@
 """Entry point of evaluation: ``python -m verl.trainer.main_eval key=value ...`` (``bash evaluate.sh``).
 
 Greedy (``rollout.val_kwargs``), multi-turn, with search, through the trainer's own validation
-(``RayPPOTrainer.validate`` -> :mod:`verl.trainer.ppo.validation`): the same generation manager,
+(``RayPPOTrainer.validate`` -> :mod:`verl.trainer.ppo.validation`): the same agent loop,
 prompt and reward as training, on rollout-only workers (no FSDP actor, optimizer, reference or
 critic). It evaluates ``actor_rollout_ref.model.path`` (a checkpoint's ``huggingface/`` export, its
 ``global_step_N`` folder, or a hub id) on ``data.val_files`` and writes to ``evaluation.output_dir``:
@@ -12,7 +12,7 @@ critic). It evaluates ``actor_rollout_ref.model.path`` (a checkpoint's ``hugging
                       Search-R1 Table-2 average (mean of per-source EMs), settings, commit, command
     evaluation.md     the same table in Markdown (also printed)
     report.html       with ``evaluation.html=true`` (``evaluate.sh --html``): the table and every
-                      question's trajectory, with filters (``search_r1.report``)
+                      question's trajectory, with filters (the environment's report)
 
 Inputs are checked first (model, parquet columns, retriever), each failing with one line.
 ``trainer.val_only=true`` through ``main_ppo`` (Search-R1's ``evaluate.sh``) still works and
@@ -31,7 +31,7 @@ from dataclasses import asdict
 from typing import Sequence
 
 from verl.trainer.evaluation import inputs, report
-from verl.trainer.ppo.config import PPOConfig
+from verl.trainer.ppo.config import PPOConfig, environment_of
 from verl.trainer.run_exit import run_or_exit
 from verl.utils.config import replace_key
 
@@ -43,15 +43,14 @@ def prepare(cfg: PPOConfig) -> tuple[PPOConfig, list[str]]:
     as ``data.val_files`` and the output folder, plus the evaluation files as given.
 
     Raises:
-        ValueError: a missing model, data without the expected columns, or no retriever answering
-            at ``retriever.url`` (with ``do_search``).
+        ValueError: a missing model, data without the expected columns, or a tool of the environment
+            that does not answer (Search-R1's: no retriever at ``retriever.url`` with ``do_search``).
     """
     files = [cfg.data.val_files] if isinstance(cfg.data.val_files, str) else list(cfg.data.val_files)
     model = inputs.resolve_model(str(cfg.actor_rollout_ref.model.path))
     for file in files:
         inputs.check_parquet(file, cfg.data.prompt_key)
-    if cfg.do_search:
-        inputs.check_retriever(cfg.retriever.url)
+    environment_of(cfg).check_ready(cfg)
     out_dir = cfg.evaluation.output_dir
     if out_dir is None:
         out_dir = inputs.default_output_dir(model, files)
@@ -72,7 +71,7 @@ def build_evaluator(cfg: PPOConfig):
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.rollout_adapter import WorkerGroupEngine
     from verl.trainer.ppo.run_plan import make_run_plan
-    from verl.trainer.ppo.trainer_setup import (build_dataset, build_generation_manager, build_reward_fn,
+    from verl.trainer.ppo.trainer_setup import (build_dataset, build_environment, build_reward_fn, build_rollout,
                                                 load_tokenizer, seed_everything)
     from verl.trainer.ppo.worker_setup import build_worker_groups
     from verl.utils.dataset.rl_dataset import collate_fn
@@ -80,7 +79,8 @@ def build_evaluator(cfg: PPOConfig):
 
     seed_everything(cfg.trainer.seed)
     tokenizer = load_tokenizer(cfg)
-    val_set = build_dataset(cfg.data.val_files, tokenizer, cfg, cfg.data.val_data_num)
+    env = build_environment(cfg, tokenizer)
+    val_set = build_dataset(cfg.data.val_files, tokenizer, cfg, cfg.data.val_data_num, env)
     plan = make_run_plan(cfg, batches_per_epoch=0)
     workers = build_worker_groups(cfg, plan, rollout_only=True)
     engine = WorkerGroupEngine(workers.actor_rollout, world_size=plan.data_parallel_size)
@@ -88,8 +88,8 @@ def build_evaluator(cfg: PPOConfig):
     trainer = RayPPOTrainer(
         cfg, plan, tokenizer, workers, train_loader=None,
         val_batches=lambda: iterate_in_order(val_set, collate_fn, val_batch_size),
-        generation_manager=build_generation_manager(cfg, tokenizer, engine, plan), reward_fn=None,
-        val_reward_fn=build_reward_fn(cfg, tokenizer, 0), kl_ctrl=None,
+        rollout=build_rollout(cfg, tokenizer, engine, plan, env), reward_fn=None,
+        val_reward_fn=build_reward_fn(env, tokenizer, 0), kl_ctrl=None,
         tracker=Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, [], cfg.evaluation.output_dir))
     trainer.global_step = inputs.checkpoint_step(cfg.actor_rollout_ref.model.path)
     return trainer
@@ -108,11 +108,9 @@ def run_eval(cfg: PPOConfig, data_files: list[str]) -> dict:
     (out_dir / f"{trainer.global_step}.jsonl").replace(questions)
     from verl.trainer.ppo.validation import read_records
 
-    rm = cfg.reward_model
-    format_reward = rm.style == "format" or bool(rm.structure_format_score or rm.final_format_score
-                                                 or rm.retrieval_score)
+    env = environment_of(cfg)
     records = read_records(questions)
-    table = report.summarise(records, format_reward, cfg.evaluation.num_resamples)
+    table = report.summarise(records, env.describe(cfg).get("format_reward", False), cfg.evaluation.num_resamples)
     result = {"model": cfg.actor_rollout_ref.model.path, "step": trainer.global_step,
               "data": [str(Path(f).resolve()) for f in data_files], "max_per_source": cfg.evaluation.max_per_source,
               "settings": settings(cfg), "metrics": metrics, "table": table, **provenance()}
@@ -120,9 +118,8 @@ def run_eval(cfg: PPOConfig, data_files: list[str]) -> dict:
     text = markdown(result)
     (out_dir / "evaluation.md").write_text(text + "\n")
     written = [out_dir / "evaluation.md", out_dir / "evaluation.json", questions]
-    if cfg.evaluation.html:
-        from search_r1.report import write_report
-
+    write_report = env.report_writer() if cfg.evaluation.html else None
+    if write_report is not None:
         written.append(write_report(records, out_dir / "report.html",
                                     f"Evaluation of {result['model']} (step {result['step']})", out_dir.name, table=table,
                                     details=(f"{result['date']}, commit {str(result['commit'])[:10]}", str(questions))))
@@ -131,9 +128,9 @@ def run_eval(cfg: PPOConfig, data_files: list[str]) -> dict:
 
 
 def settings(cfg: PPOConfig) -> dict:
-    """What decides the numbers besides the model and the data."""
-    return {"max_turns": cfg.max_turns, "do_search": cfg.do_search, "retriever_url": cfg.retriever.url,
-            "topk": cfg.retriever.topk, "max_prompt_length": cfg.data.max_prompt_length,
+    """What decides the numbers besides the model and the data (the environment's settings included)."""
+    return {"env": cfg.env.name, "max_turns": cfg.max_turns, **environment_of(cfg).describe(cfg),
+            "max_prompt_length": cfg.data.max_prompt_length,
             "max_response_length": cfg.data.max_response_length, "max_obs_length": cfg.data.max_obs_length,
             "rollout": cfg.actor_rollout_ref.rollout.name, "sampling": asdict(cfg.actor_rollout_ref.rollout.val_kwargs),
             "reward_model": asdict(cfg.reward_model)}
@@ -150,7 +147,7 @@ def markdown(result: dict) -> str:
     """Title lines (model, step, data, date, commit) and the table."""
     head = [f"## Evaluation of `{result['model']}` (step {result['step']})", "",
             f"Data: {', '.join(f'`{d}`' for d in result['data'])}; greedy, max_turns {result['settings']['max_turns']}, "
-            f"top-{result['settings']['topk']} passages from {result['settings']['retriever_url']}; "
+            f"{result['settings'].get('summary', 'environment ' + result['settings']['env'])}; "
             f"{result['date']}, commit {str(result['commit'])[:10]}."]
     if result["max_per_source"] is not None:
         head[-1] += f" First {result['max_per_source']} questions of each source."

@@ -15,9 +15,8 @@ from pathlib import Path
 from typing import Sequence
 
 from verl.trainer.overrides import compose
-from verl.trainer.ppo.config import PPOConfig, load_config
+from verl.trainer.ppo.config import PPOConfig, environment_of, load_config
 from verl.trainer.ppo.config_check import needs_critic
-from verl.trainer.evaluation.inputs import check_retriever
 from verl.trainer.ppo.run_summary import closing_summary
 from verl.trainer.run_exit import run_or_exit
 from verl.utils.config import ConfigError
@@ -74,15 +73,15 @@ def check_data_files(config: PPOConfig) -> None:
 
 
 def check_paths(config: PPOConfig) -> None:
-    """The models and data files exist, and a retriever answers at ``retriever.url`` when the run searches.
+    """The models and data files exist, and the environment's tools answer (Search-R1's: a retriever
+    at ``retriever.url`` when the run searches).
 
     Raises:
         ValueError: naming the key and its value.
     """
     check_models(config)
     check_data_files(config)
-    if config.do_search:
-        check_retriever(config.retriever.url)
+    environment_of(config).check_ready(config)
 
 
 def main(argv: Sequence[str] | None = None, defaults: Sequence[str] = ()) -> None:

@@ -2,7 +2,7 @@
 
 The same trainer as :mod:`verl.trainer.main_ppo` with ``reward_model.style=format``: the training
 reward is Search-R1's format-aware EM (``structure_format_score``, ``final_format_score``,
-``retrieval_score``; see ``verl/utils/reward_score/qa_em_format.py``). Its v0.3 scripts call this module.
+``retrieval_score``; Search-R1's environment defines it). Its v0.3 scripts call this module.
 """
 
 from verl.trainer.main_ppo import main

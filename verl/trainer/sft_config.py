@@ -10,7 +10,10 @@ naming the key). The model section has the loading keys of the RL actor's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional
+from typing import Any, List, Optional
+
+from verl.envs.base import EnvConfig
+from verl.utils.model_config import ModelSource
 
 
 @dataclass(frozen=True)
@@ -54,23 +57,11 @@ class SFTFSDPConfig:
 
 
 @dataclass(frozen=True)
-class SFTModelConfig:
+class SFTModelConfig(ModelSource):
     """The model to fine-tune (``model``): the loading keys of the RL actor's ``ModelConfig``."""
 
     path: str = "~/models/SmolLM2-135M-Instruct"
     """base model: a local folder or a hub id"""
-    tokenizer_path: Optional[str] = None
-    """its tokenizer; `null`: `path`"""
-    external_lib: Optional[str] = None
-    """module to import before loading the model (custom architectures)"""
-    override_config: Dict[str, Any] = field(default_factory=dict)
-    """HF config fields to override at load"""
-    trust_remote_code: bool = False
-    """allow model code from the hub"""
-    attn_implementation: Optional[str] = None
-    """attention kernel (`null`: sdpa, flash_attention_2 when installed on GPU)"""
-    gguf_file: Optional[str] = None
-    """a GGUF file inside `path` to load"""
     enable_gradient_checkpointing: bool = True
     """activation checkpointing"""
     lora_rank: int = 0
@@ -143,3 +134,5 @@ class SFTConfig:
     """the optimizer"""
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
     """the loop"""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """the environment whose trajectories the examples are: the text it wrote in an assistant turn is not trained on"""

@@ -17,7 +17,7 @@ import textwrap
 from functools import lru_cache
 from typing import Any, Iterator, Mapping, TypeVar
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 T = TypeVar("T")
@@ -100,11 +100,23 @@ def fields_of(obj: Any, prefix: str = "") -> Iterator[tuple[str, dataclasses.Fie
 
 @lru_cache(maxsize=None)
 def field_docs(cls: type) -> dict[str, str]:
-    """The docstring written under each field of dataclass ``cls`` (attribute docstrings).
+    """The docstring written under each field of dataclass ``cls`` or of the dataclass it extends
+    (attribute docstrings; a subclass's own text wins).
 
     Raises:
         ValueError: a field of ``cls`` has no docstring (every setting must say what it does).
     """
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if dataclasses.is_dataclass(klass) and "__dataclass_fields__" in vars(klass):
+            docs.update(_own_field_docs(klass))
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in docs]
+    if missing:
+        raise ValueError(f"{cls.__qualname__}: fields without a docstring: {missing}")
+    return docs
+
+
+def _own_field_docs(cls: type) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
     body = tree.body[0].body
     docs = {}
@@ -113,9 +125,6 @@ def field_docs(cls: type) -> dict[str, str]:
                 and isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant)
                 and isinstance(following.value.value, str)):
             docs[statement.target.id] = " ".join(following.value.value.split())
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in docs]
-    if missing:
-        raise ValueError(f"{cls.__qualname__}: fields without a docstring: {missing}")
     return docs
 
 
@@ -142,3 +151,30 @@ def replace_key(obj: T, key: str, value: Any) -> T:
         raise AttributeError(f"{type(obj).__name__} has no field {head!r}")
     new = replace_key(getattr(obj, head), rest, value) if rest else value
     return dataclasses.replace(obj, **{head: new})
+
+
+def delete_key(tree: DictConfig, key: str) -> None:
+    """Remove the dotted ``key`` from ``tree`` in place, and the parents it leaves empty."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(tree, parent_key) if parent_key else tree
+    with open_dict(parent):
+        del parent[leaf]
+    if parent_key and len(parent) == 0:
+        delete_key(tree, parent_key)
+
+
+def leaf_defaults(cls: type) -> dict[str, Any]:
+    """``{dotted key: default}`` of every leaf field of dataclass ``cls`` (interpolations unresolved;
+    a mapping or list field is one leaf)."""
+    def walk(node: DictConfig, prefix: str) -> Iterator[tuple[str, Any]]:
+        for key in node.keys():
+            dotted = f"{prefix}.{key}" if prefix else str(key)
+            child = node._get_node(key)
+            if isinstance(child, DictConfig) and dataclasses.is_dataclass(OmegaConf.get_type(child)):
+                yield from walk(child, dotted)
+            elif isinstance(child, (DictConfig, ListConfig)):
+                yield dotted, OmegaConf.to_container(child, resolve=False)
+            else:
+                yield dotted, child._value()
+
+    return dict(walk(schema(cls), ""))

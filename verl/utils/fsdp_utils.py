@@ -93,7 +93,7 @@ def _pretrained_kwargs(model_config: Any, torch_dtype: torch.dtype) -> dict:
     if attn == varlen_attention.NAME:
         varlen_attention.register()
     kwargs = {"dtype": torch_dtype, "trust_remote_code": model_config.trust_remote_code, "attn_implementation": attn}
-    if getattr(model_config, "gguf_file", None):
+    if model_config.gguf_file:
         kwargs["gguf_file"] = model_config.gguf_file
     return kwargs
 
@@ -126,7 +126,7 @@ def load_model_config(model_config: Any):
     if not model_config.path:
         raise ValueError("model.path is empty: give a local folder or a hub id")
     kwargs = {"trust_remote_code": model_config.trust_remote_code}
-    if getattr(model_config, "gguf_file", None):
+    if model_config.gguf_file:
         kwargs["gguf_file"] = model_config.gguf_file
     config = AutoConfig.from_pretrained(model_config.path, **kwargs)
     for key, value in dict(model_config.override_config or {}).items():
@@ -379,18 +379,6 @@ def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> N
                 # non_blocking only towards the accelerator: a non-blocking copy into pageable CPU
                 # memory may be read before it lands.
                 state[key] = value.to(device, non_blocking=device.type != "cpu")
-
-
-@torch.no_grad()
-def offload_model(model: nn.Module) -> None:
-    """Move a (frozen) sharded model's parameters to CPU, e.g. the reference between uses."""
-    model.to("cpu")
-
-
-@torch.no_grad()
-def load_model(model: nn.Module, device: str | torch.device) -> None:
-    """Move a model offloaded by :func:`offload_model` back to ``device``."""
-    model.to(device)
 
 
 def clip_grad_and_step(model: nn.Module, optimizer: torch.optim.Optimizer,

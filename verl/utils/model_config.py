@@ -1,6 +1,6 @@
 """Settings of loading, sharding and optimising a model (RL workers and SFT share them).
 
-``ModelConfig`` is read by :func:`verl.utils.fsdp_utils.load_causal_lm` / ``load_value_model``,
+``ModelSource`` (what every role's model section has) and the policy's ``ModelConfig`` are read by :func:`verl.utils.fsdp_utils.load_causal_lm` / ``load_value_model``,
 ``FSDPConfig`` by :func:`verl.utils.fsdp_utils.apply_fsdp2` and the workers' optimizer placement,
 ``OptimConfig`` by :func:`verl.utils.torch_functional.build_optimizer` / ``build_lr_scheduler``.
 """
@@ -12,17 +12,34 @@ from typing import Any, Dict, List, Optional
 
 
 @dataclass(frozen=True)
-class ModelConfig:
-    """A Hugging Face model to load (``actor_rollout_ref.model``; the critic's ``critic.model``)."""
+class ModelSource:
+    """Where a Hugging Face model comes from and how it loads: the keys every role's ``model``
+    section has (the actor's, the critic's, SFT's); each role's class adds its own."""
 
     path: str = "Qwen/Qwen2.5-3B"
-    """policy model: a local folder or a hub id"""
+    """the model: a local folder or a hub id"""
     tokenizer_path: Optional[str] = None
     """its tokenizer; `null`: `path`"""
     external_lib: Optional[str] = None
     """module to import before loading the model (registers custom architectures)"""
     override_config: Dict[str, Any] = field(default_factory=dict)
     """HF config fields to override at load"""
+    trust_remote_code: bool = False
+    """allow model code from the hub"""
+    attn_implementation: Optional[str] = None
+    """attention kernel; `null`: `flash_attention_2` on a GPU with `flash_attn` installed, else
+    `torch_varlen` on a GPU (torch's varlen flash kernel, `verl/utils/varlen_attention.py`), else
+    `sdpa`. `share_prompts` needs `sdpa` or `eager`"""
+    gguf_file: Optional[str] = None
+    """a GGUF file inside `path` to load (transformers dequantizes it)"""
+
+
+@dataclass(frozen=True)
+class ModelConfig(ModelSource):
+    """The policy (``actor_rollout_ref.model``): its source, forward layout and LoRA."""
+
+    path: str = "Qwen/Qwen2.5-3B"
+    """policy model: a local folder or a hub id"""
     enable_gradient_checkpointing: bool = True
     """activation checkpointing (non-reentrant) in the trained model"""
     use_remove_padding: bool = True
@@ -36,14 +53,6 @@ class ModelConfig:
     of it under a custom attention mask: same log-probs and gradients, the prompt computed once per
     group (`verl/utils/prefix_sharing.py`); not available with flash/varlen attention (a GPU with
     `attn_implementation` unset), where it is off and logged once at start"""
-    attn_implementation: Optional[str] = None
-    """attention kernel; `null`: `flash_attention_2` on a GPU with `flash_attn` installed, else
-    `torch_varlen` on a GPU (torch's varlen flash kernel, `verl/utils/varlen_attention.py`), else
-    `sdpa`. `share_prompts` needs `sdpa` or `eager`"""
-    gguf_file: Optional[str] = None
-    """a GGUF file inside `path` to load (transformers dequantizes it)"""
-    trust_remote_code: bool = False
-    """allow model code from the hub"""
     lora_rank: int = 0
     """> 0: train LoRA adapters (peft) instead of all weights; the reference policy is the same model
     with adapters disabled (no second copy), the rollout engine receives merged weights, checkpoints

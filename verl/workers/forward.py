@@ -67,7 +67,7 @@ class ForwardLayout:
         for it and the model's attention (flash/varlen) takes no custom mask, that is logged once.
         ``speed_options`` (``logits_chunk_size``, ``packed_row_multiple``) are for benchmarks.
         """
-        share = bool(getattr(model_config, "share_prompts", False)) and model_config.use_remove_padding
+        share = model_config.share_prompts and model_config.use_remove_padding
         if share and not supports_custom_mask(model):
             logger.warning("model.share_prompts is off: %s attention takes no custom mask (needs sdpa or eager)",
                            getattr(model.config, "_attn_implementation", "this"))

@@ -265,7 +265,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         """Run the multi-turn rollout of this rank's rows beside the engine (async rollout mode).
 
         ``meta_info["agent_loop"]`` is a picklable callable ``(engine, tokenizer, data) -> DataProto``
-        (``search_r1.llm_agent.async_rollout.AgentLoop``) sent by the controller; it runs one task
+        (``verl.workers.rollout.agent_loop.async_loop.AgentLoop``) sent by the controller; it runs one task
         per row against this worker's engine and returns the trajectories (prompts, responses,
         masks, rollout log-probs, per-row stats).
         """

@@ -109,31 +109,6 @@ def select_per_source(files: list[str], max_per_source: int | None, out_path: Pa
     return [str(out_path)]
 
 
-def check_retriever(url: str, timeout_s: float = 10.0) -> None:
-    """One probe query to ``POST url``.
-
-    Raises:
-        ValueError: nothing answers, or the answer is not the retriever API's.
-    """
-    import httpx
-
-    hint = "start one (bash retrieval_launch.sh; docs/retriever.md) or point RETRIEVER_URL / retriever.url at it"
-    body = {"queries": ["evaluation probe"], "topk": 1, "return_scores": False}
-    try:
-        response = httpx.post(url, json=body, timeout=timeout_s)
-    except httpx.HTTPError as error:
-        raise ValueError(f"no retriever answers at {url} ({type(error).__name__}: {error}); {hint}") from None
-    if response.status_code != 200 or "result" not in _json_or_empty(response):
-        raise ValueError(f"{url} answered HTTP {response.status_code} without a 'result' list: not the "
-                         f"retriever API (POST /retrieve); {hint}")
-
-
-def _json_or_empty(response) -> dict:
-    try:
-        data = response.json()
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def default_output_dir(model_path: str, val_files: list[str]) -> Path:

@@ -12,7 +12,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, OmegaConf
+
+from verl.utils.config import delete_key
 
 logger = logging.getLogger(__name__)
 
@@ -95,15 +97,5 @@ def pop_compat_keys(cfg: DictConfig | dict) -> DictConfig:
             continue
         if value != _default_value(tree, compat):
             logger.warning("%s=%r has no effect here: %s", key, value, compat.why)
-        parent_key, _, leaf = key.rpartition(".")
-        _delete(tree, parent_key, leaf)
+        delete_key(tree, key)
     return tree
-
-
-def _delete(tree: DictConfig, parent_key: str, leaf: str) -> None:
-    parent = OmegaConf.select(tree, parent_key) if parent_key else tree
-    with open_dict(parent):
-        del parent[leaf]
-    if parent_key and len(parent) == 0:
-        grand_key, _, name = parent_key.rpartition(".")
-        _delete(tree, grand_key, name)

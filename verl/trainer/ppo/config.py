@@ -1,11 +1,12 @@
 """The PPO/GRPO trainer's configuration: Search-R1's key tree as typed dataclasses.
 
-``PPOConfig`` is the whole tree (``data``, ``actor_rollout_ref``, ``critic``, ``reward_model``,
-``retriever``, ``algorithm``, ``trainer``, ``max_turns``, ``do_search``); each section is the
-dataclass of the component it configures. ``verl/trainer/config/ppo_trainer.yaml`` and
-docs/configuration.md are generated from these classes (``python -m verl.trainer.ppo.config_docs``)
-and a test keeps them in step. :func:`load_config` turns a composed Hydra tree into a checked,
-immutable ``PPOConfig``.
+``PPOConfig`` is the trainer's tree (``data``, ``actor_rollout_ref``, ``critic``, ``reward_model``,
+``algorithm``, ``trainer``, ``evaluation``, ``max_turns``, ``env``); each section is the dataclass of
+the component it configures. The environment a run names (``env.name``) brings the run's class, a
+subclass adding its own sections (Search-R1's: ``retriever``, ``do_search``, the format scores of
+``reward_model``). ``verl/trainer/config/ppo_trainer.yaml`` and docs/configuration.md are generated
+from the default environment's class (``python -m verl.trainer.ppo.config_docs``) and a test keeps
+them in step. :func:`load_config` turns a composed Hydra tree into a checked, immutable config.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from search_r1.search.config import RetrieverConfig
 from verl.algorithms.config import AlgorithmConfig
+from verl.envs.base import EnvConfig
 from verl.trainer.evaluation.config import EvaluationConfig
-from verl.utils.config import to_typed
+from verl.utils.config import delete_key, leaf_defaults, to_typed
 from verl.utils.dataset.config import DataConfig
 from verl.utils.host_memory import HostMemoryConfig
 from verl.workers.config import ActorRolloutRefConfig
@@ -89,7 +90,8 @@ class TrainerConfig:
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """The whole run: Search-R1's ``ppo_trainer.yaml`` tree plus newer veRL keys."""
+    """The trainer's part of a run: Search-R1's ``ppo_trainer.yaml`` tree plus newer veRL keys (an
+    environment's class adds its own sections)."""
 
     data: DataConfig = field(default_factory=DataConfig)
     """prompts and token budgets"""
@@ -99,8 +101,6 @@ class PPOConfig:
     """value model (PPO only)"""
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     """the rule reward"""
-    retriever: RetrieverConfig = field(default_factory=RetrieverConfig)
-    """the retrieval server"""
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     """advantage estimator and in-reward KL"""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -108,30 +108,72 @@ class PPOConfig:
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     """`bash evaluate.sh` (verl/trainer/main_eval.py)"""
     max_turns: int = 2
-    """maximum generate -> search rounds per trajectory (Search-R1's scripts: 2 to 4)"""
-    do_search: bool = True
-    """call the retriever on `<search>`; `false` gives plain reasoning rollouts"""
+    """maximum generate -> tool call rounds per trajectory (Search-R1's scripts: 2 to 4)"""
+    env: EnvConfig = field(default_factory=EnvConfig)
+    """the environment the agent loop runs (its tags, tools and rewards)"""
+
+
+def environment_of(cfg: DictConfig | dict | PPOConfig):
+    """The environment class a tree (or a typed config) names in ``env.name`` / ``env.module``.
+
+    Raises:
+        ConfigError: a malformed ``env`` section or an unknown name.
+    """
+    from verl.envs.registry import load_environment
+
+    if isinstance(cfg, PPOConfig):
+        return load_environment(cfg.env.name, cfg.env.module)
+    tree = OmegaConf.create(cfg) if not isinstance(cfg, DictConfig) else cfg
+    env = to_typed(EnvConfig, tree.get("env") if "env" in tree else {}, prefix="env")
+    return load_environment(env.name, env.module)
 
 
 def load_config(cfg: DictConfig | dict) -> PPOConfig:
-    """A checked, immutable ``PPOConfig`` from a composed Hydra tree (or any nested mapping).
+    """A checked, immutable config from a composed Hydra tree (or any nested mapping).
 
-    Compatibility keys (:mod:`verl.trainer.ppo.compat`) are taken out first, with one warning for
-    each set to a value other than its default; the rest is typed by OmegaConf against the
-    dataclasses, then :func:`verl.trainer.ppo.config_check.check_config` checks the values that
-    belong together (batch sizes, registered algorithm names, budgets).
+    The environment named by ``env.name`` gives the configuration class (``PPOConfig`` or its
+    subclass with the environment's sections). Compatibility keys (:mod:`verl.trainer.ppo.compat`)
+    are taken out first, with one warning for each set to a value other than its default; the rest
+    is typed by OmegaConf against the dataclasses, then
+    :func:`verl.trainer.ppo.config_check.check_config` checks the values that belong together
+    (batch sizes, registered algorithm names, budgets).
 
     Raises:
-        ConfigError (a ValueError): an unknown key, a wrong type or a bad combination, naming the key.
+        ConfigError (a ValueError): an unknown key or environment, a wrong type or a bad
+            combination, naming the key.
     """
     from verl.trainer.ppo.compat import pop_compat_keys
     from verl.trainer.ppo.config_check import check_config
 
-    config = to_typed(PPOConfig, pop_compat_keys(cfg))
+    tree = pop_compat_keys(cfg)
+    config_class = environment_of(tree).config_class
+    config = to_typed(config_class, without_other_environment_defaults(tree, config_class))
     check_config(config)
     return config
 
 
+def without_other_environment_defaults(tree: DictConfig, config_class: type) -> DictConfig:
+    """``tree`` without the keys that the default environment declares and ``config_class`` does not,
+    where they hold the default environment's value.
+
+    ``ppo_trainer.yaml`` holds the default environment's whole tree (Search-R1's ``retriever``,
+    format scores...); a run in another environment drops those defaults here, while a value the
+    user set for such a key stays and is named as an unknown key by the typing.
+    """
+    from verl.envs.registry import load_environment
+
+    default = EnvConfig()
+    default_class = load_environment(default.name, default.module).config_class
+    if config_class is default_class:
+        return tree
+    own = leaf_defaults(config_class)
+    for key, value in leaf_defaults(default_class).items():
+        if key not in own and OmegaConf.select(tree, key, default=object()) == value:
+            delete_key(tree, key)
+    return tree
+
+
 def default_config(**sections: Any) -> PPOConfig:
-    """The defaults with some sections replaced (tests, benchmarks): ``default_config(trainer={...})``."""
-    return to_typed(PPOConfig, sections)
+    """The defaults with some sections replaced (tests, benchmarks): ``default_config(trainer={...})``;
+    typed by the class of the environment ``sections`` name (default: ``search_r1``)."""
+    return to_typed(environment_of(sections).config_class, sections)

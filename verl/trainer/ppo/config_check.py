@@ -15,7 +15,6 @@ from verl import algorithms
 from verl.trainer.ppo.config import BACKENDS, PPOConfig
 from verl.utils.config import ConfigError
 from verl.workers import batching
-from verl.workers.reward_manager.config import REWARD_STYLES
 from verl.workers.rollout.config import ENGINE_NAMES, ROLLOUT_MODES, engine_max_model_len
 
 
@@ -140,7 +139,7 @@ def check_batch_sizes(cfg: PPOConfig) -> None:
 
 
 def check_choices(cfg: PPOConfig) -> None:
-    """Fixed names (backend, engine, rollout mode, reward style), the resume target and the engine length.
+    """Fixed names (backend, engine, rollout mode), the resume target and the engine length.
 
     Raises:
         ConfigError: naming the key and the allowed values.
@@ -148,7 +147,6 @@ def check_choices(cfg: PPOConfig) -> None:
     errors: list[str] = []
     _choose(errors, "trainer.backend", cfg.trainer.backend, BACKENDS)
     _choose(errors, "actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ENGINE_NAMES)
-    _choose(errors, "reward_model.style", cfg.reward_model.style, REWARD_STYLES)
     _choose(errors, "actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))

@@ -16,8 +16,9 @@ from typing import Any, Iterator
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from verl.envs.base import EnvConfig
+from verl.envs.registry import load_environment
 from verl.trainer.ppo.compat import COMPAT_KEYS
-from verl.trainer.ppo.config import PPOConfig
 from verl.utils.config import field_docs, schema
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +28,8 @@ DOC_PATH = REPO / "docs" / "configuration.md"
 
 YAML_HEADER = """\
 # Search-R1 PPO/GRPO trainer configuration: defaults of `python -m verl.trainer.main_ppo`.
-# GENERATED from the dataclasses (verl/trainer/ppo/config.py and the component configs it names) by
+# GENERATED from the dataclasses (verl/trainer/ppo/config.py, the default environment's run config
+# search_r1/envs/search_r1/config.py, and the component configs they name) by
 # `python -m verl.trainer.ppo.config_docs --write`; edit those, not this file. Every key is documented
 # in docs/configuration.md. Override any key on the command line: trainer.total_epochs=1
 """
@@ -72,8 +74,9 @@ DOC_METRICS = """\
 Per step: `critic/score/{mean,max,min}`, `critic/rewards/*`, `critic/advantages/*`, `critic/returns/*`,
 `critic/values/*` and `critic/vf_explained_var` (PPO), `actor/{pg_loss,pg_clipfrac,ppo_kl,entropy,kl_loss,grad_norm,lr}`
 (from the workers), `actor/reward_kl_penalty{,_coeff}` (KL in reward), `response_length/{mean,max,min,clip_ratio}`,
-`prompt_length/*`, `env/{number_of_actions/*,number_of_valid_action,ratio_of_valid_action,number_of_valid_search,number_of_empty_search,ratio_of_empty_search,finish_ratio}`,
-`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,update_actor,step}` (inside gen: `timing_s/{gen_engine,retrieval}`; inside update_actor: `timing_s/{release_memory,weight_sync}`, `actor/num_micro_batches`),
+`prompt_length/*`, `env/{number_of_actions/*,finish_ratio}` and the environment's own (Search-R1's and tool_call's:
+`env/{number_of_valid_action,ratio_of_valid_action,number_of_valid_search,number_of_empty_search,ratio_of_empty_search}`),
+`timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,update_actor,step}` (inside gen: `timing_s/{gen_engine,tool}`; inside update_actor: `timing_s/{release_memory,weight_sync}`, `actor/num_micro_batches`),
 `perf/{throughput_tokens_per_s,total_num_tokens,mfu/actor}`, `perf/rollout_{engine_calls,decode_steps}` (sync rollout: engine calls and the decode steps they waited for). At validation: `val/test_score/<data_source>`,
 `val/test_score/all`, `val/env/*`.
 """
@@ -126,12 +129,18 @@ def _yaml_value(node: Any, key: str = "") -> str:
     return OmegaConf.to_yaml(OmegaConf.create({"v": value})).strip()[len("v:"):].strip() or "null"
 
 
-def _section_rows(name: str) -> list[tuple[str, str, str]]:
-    root = schema(PPOConfig)
-    field = next(f for f in dataclasses.fields(PPOConfig) if f.name == name)
-    child_type = _dataclass_type(PPOConfig, field)
+def run_config_class() -> type:
+    """The configuration class of a run in the default environment (``env.name``'s default)."""
+    env = EnvConfig()
+    return load_environment(env.name, env.module).config_class
+
+
+def _section_rows(cls: type, name: str) -> list[tuple[str, str, str]]:
+    root = schema(cls)
+    field = next(f for f in dataclasses.fields(cls) if f.name == name)
+    child_type = _dataclass_type(cls, field)
     if child_type is None:
-        return [(name, _yaml_value(root._get_node(name)), field_docs(PPOConfig)[name])]
+        return [(name, _yaml_value(root._get_node(name)), field_docs(cls)[name])]
     return list(_leaf_rows(child_type, root._get_node(name), name))
 
 
@@ -143,16 +152,17 @@ def _table(rows: list[tuple[str, str, str]]) -> str:
 
 def render_markdown() -> str:
     """docs/configuration.md: one table per section, then the compatibility keys and the metrics."""
+    cls = run_config_class()
     parts = [DOC_INTRO]
     top_level = []
-    for field in dataclasses.fields(PPOConfig):
-        field_type = _dataclass_type(PPOConfig, field)
+    for field in dataclasses.fields(cls):
+        field_type = _dataclass_type(cls, field)
         if field_type is None:
-            top_level += _section_rows(field.name)
+            top_level += _section_rows(cls, field.name)
             continue
         module = field_type.__module__.replace(".", "/") + ".py"
-        parts.append(f"## {field.name}\n\n{field_docs(PPOConfig)[field.name].capitalize()}: "
-                     f"`{field_type.__name__}` in `{module}`.\n\n{_table(_section_rows(field.name))}\n")
+        parts.append(f"## {field.name}\n\n{field_docs(cls)[field.name].capitalize()}: "
+                     f"`{field_type.__name__}` in `{module}`.\n\n{_table(_section_rows(cls, field.name))}\n")
     parts.append(f"## top level\n\n{_table(top_level)}\n")
     compat = [(key, _yaml_value(key_info.default), key_info.why) for key, key_info in COMPAT_KEYS.items()]
     parts.append("## Compatibility keys (no effect)\n\nSearch-R1's scripts and YAML pass these; they are accepted "
@@ -162,10 +172,11 @@ def render_markdown() -> str:
     return "\n".join(parts)
 
 
-def render_yaml(cls: type = PPOConfig, header: str = YAML_HEADER, compat: dict | None = None) -> str:
+def render_yaml(cls: type | None = None, header: str = YAML_HEADER, compat: dict | None = None) -> str:
     """A trainer YAML: the dataclass defaults (plus compatibility keys at their paths), full-key
-    interpolations. Defaults to ``ppo_trainer.yaml`` with :data:`COMPAT_KEYS`."""
-    tree = schema(cls)
+    interpolations. Defaults to ``ppo_trainer.yaml`` (the default environment's run config) with
+    :data:`COMPAT_KEYS`."""
+    tree = schema(cls or run_config_class())
     OmegaConf.set_struct(tree, False)
     with open_dict(tree):
         for key, compat_key in (COMPAT_KEYS if compat is None else compat).items():

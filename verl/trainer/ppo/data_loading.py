@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
-import numpy as np
 import torch
 
 

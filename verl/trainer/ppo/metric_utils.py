@@ -2,7 +2,7 @@
 
 critic/score|rewards|advantages|returns|values/{mean,max,min}: over response tokens (scores and
 rewards summed per sequence first); response_length/{mean,max,min,clip_ratio}; env/* from the
-generation manager's per-row stats; timing_s/*; perf/{throughput_tokens_per_s,mfu/actor};
+agent loop's and the environment's per-row stats; timing_s/*; perf/{throughput_tokens_per_s,mfu/actor};
 val/*: per-question statistics over the whole validation set (never means of batch means).
 """
 
@@ -13,6 +13,8 @@ from collections import defaultdict
 
 import numpy as np
 import torch
+
+from verl.workers.rollout.agent_loop.packing import LOOP_STATS
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -27,8 +29,9 @@ def _masked(tensor: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return tensor[mask.bool()]
 
 
-def compute_data_metrics(batch, use_critic: bool) -> dict[str, float]:
-    """Scores, rewards, advantages, returns, values and lengths of one training batch."""
+def compute_data_metrics(batch, use_critic: bool, env=None) -> dict[str, float]:
+    """Scores, rewards, advantages, returns, values, lengths and ``env/*`` figures of one training
+    batch (``env``: the run's environment, for its own figures)."""
     tensors = batch.batch
     mask = tensors["response_mask"]
     responses = tensors["responses"]
@@ -49,12 +52,12 @@ def compute_data_metrics(batch, use_critic: bool) -> dict[str, float]:
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = _clip_ratio(batch, response_length, response_width)
     metrics.update(_stats("prompt_length", prompt_length))
-    metrics.update(compute_env_metrics(batch))
+    metrics.update(env_metrics(row_stats(batch, env), env))
     return metrics
 
 
 def row_stat(batch, key: str) -> np.ndarray | None:
-    """A per-row statistic of the generation manager as floats, from the tensors or the non-tensors."""
+    """A per-row statistic of the rollout as floats, from the tensors or the non-tensors."""
     if batch.batch is not None and key in batch.batch.keys():
         return batch.batch[key].float().numpy()
     if key in batch.non_tensor_batch:
@@ -70,42 +73,39 @@ def _clip_ratio(batch, response_length: torch.Tensor, response_width: int) -> fl
     return (response_length >= response_width).float().mean().item()
 
 
-ENV_STATS = ("turns", "valid_action", "valid_search", "empty_search", "finished")
-
-
-def compute_env_metrics(batch, prefix: str = "env") -> dict[str, float]:
-    """Search-R1's environment statistics from per-row ``turns``, ``valid_action``, ``valid_search``,
-    ``finished`` (as the generation manager reports them), plus ``empty_search``: searches the
-    retriever answered with no passage (a web backend that kept failing)."""
-    return env_metrics({key: row_stat(batch, key) for key in ENV_STATS}, prefix)
-
-
-def env_metrics(stats: dict[str, np.ndarray | None], prefix: str = "env") -> dict[str, float]:
+def env_metrics(stats: dict[str, np.ndarray | None], env=None, prefix: str = "env") -> dict[str, float]:
     """The ``<prefix>/*`` statistics over rows: each figure is a mean (or max/min) over every row given.
 
+    The loop's: ``number_of_actions/{mean,max,min}`` (turns) and ``finish_ratio``; the environment's
+    own figures from its counters (``Environment.metrics``, e.g. Search-R1's valid and empty searches).
+
     Args:
-        stats: per-row arrays (B,) under the keys of :data:`ENV_STATS`; a missing or None entry
-            leaves its metrics out.
+        stats: per-row arrays (B,) under ``turns``, ``finished`` and the environment's counter names;
+            a missing or None entry leaves its metrics out.
+        env: the run's environment, or None for the loop's figures only.
     """
-    turns, valid = stats.get("turns"), stats.get("valid_action")
-    searches, finished = stats.get("valid_search"), stats.get("finished")
+    turns, finished = stats.get("turns"), stats.get("finished")
     metrics = {}
     if turns is not None and len(turns):
         metrics.update({f"{prefix}/number_of_actions/mean": turns.mean(),
                         f"{prefix}/number_of_actions/max": turns.max(),
                         f"{prefix}/number_of_actions/min": turns.min()})
-        if valid is not None:
-            metrics[f"{prefix}/number_of_valid_action"] = valid.mean()
-            metrics[f"{prefix}/ratio_of_valid_action"] = float((valid / np.maximum(turns, 1)).mean())
-    if searches is not None and len(searches):
-        metrics[f"{prefix}/number_of_valid_search"] = searches.mean()
-        empty = stats.get("empty_search")
-        if empty is not None:
-            metrics[f"{prefix}/number_of_empty_search"] = empty.mean()
-            metrics[f"{prefix}/ratio_of_empty_search"] = empty.sum() / max(int(searches.sum()), 1)
     if finished is not None and len(finished):
         metrics[f"{prefix}/finish_ratio"] = finished.mean()
+    if env is not None:
+        metrics.update(env.metrics(stats, prefix))
     return {k: float(v) for k, v in metrics.items()}
+
+
+def stat_keys(env=None) -> tuple[str, ...]:
+    """The per-row statistics of a rollout: the loop's (``turns``, ``finished``, ``truncated``) and
+    the environment's counters."""
+    return (*LOOP_STATS, *(env.counters if env is not None else ()))
+
+
+def row_stats(batch, env=None) -> dict[str, np.ndarray | None]:
+    """:func:`stat_keys` of a rollout batch, as float arrays (None where absent)."""
+    return {key: row_stat(batch, key) for key in stat_keys(env)}
 
 
 def compute_timing_metrics(timings: dict[str, float]) -> dict[str, float]:
@@ -158,7 +158,7 @@ def reduce_worker_metrics(metrics: dict) -> dict[str, float]:
 
 def compute_validation_metrics(data_sources: list[str], scores: list[float],
                                env_stats: dict[str, np.ndarray | None] | None = None,
-                               ems: list[float] | None = None) -> dict[str, float]:
+                               ems: list[float] | None = None, env=None) -> dict[str, float]:
     """Validation figures, every one a per-row (per-question) statistic over the whole set.
 
     ``val/test_score/<data_source>`` and ``val/test_score/all``: mean reward per row;
@@ -167,8 +167,9 @@ def compute_validation_metrics(data_sources: list[str], scores: list[float],
 
     Args:
         data_sources, scores: one entry per row.
-        env_stats: per-row arrays (:data:`ENV_STATS`), aligned with ``scores``.
+        env_stats: per-row arrays (:func:`row_stats`), aligned with ``scores``.
         ems: per-row exact match, or None.
+        env: the run's environment (its own ``val/env/*`` figures).
     Raises:
         ValueError: ``ems`` or an ``env_stats`` array has a different length than ``scores``.
     """
@@ -180,7 +181,7 @@ def compute_validation_metrics(data_sources: list[str], scores: list[float],
     for key, values in (env_stats or {}).items():
         if values is not None and len(values) != len(scores):
             raise ValueError(f"per-row stat {key!r} has {len(values)} values for {len(scores)} rows")
-    metrics.update({f"val/{key}": value for key, value in env_metrics(env_stats or {}).items()})
+    metrics.update({f"val/{key}": value for key, value in env_metrics(env_stats or {}, env).items()})
     return metrics
 
 

@@ -34,18 +34,19 @@ class WorkerHandles:
 
 
 class RayPPOTrainer:
-    """PPO (``gae`` + critic) and GRPO (``grpo``, no critic) over multi-turn search rollouts."""
+    """PPO (``gae`` + critic) and GRPO (``grpo``, no critic) over an environment's multi-turn rollouts."""
 
     def __init__(self, config, plan, tokenizer, workers: WorkerHandles, train_loader, val_batches: Callable,
-                 generation_manager, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0,
+                 rollout, reward_fn, val_reward_fn, kl_ctrl, tracker, num_params: int = 0,
                  val_report: Callable | None = None, train_data: list[dict] | None = None):
-        """``config``: the ``PPOConfig``; ``plan``: its ``RunPlan`` (derived values); ``val_report``:
+        """``config``: the run's config; ``plan``: its ``RunPlan`` (derived values); ``rollout``: the
+        ``MultiTurnRollout`` (its ``env`` is the run's environment); ``val_report``:
         writes the report beside each validation dump (``validation.run_validation``'s ``report``);
         ``train_data``: what the run trains on (:func:`~verl.trainer.ppo.resume_check.train_data_record`),
         kept in each checkpoint."""
         self.config, self.plan, self.tokenizer, self.workers = config, plan, tokenizer, workers
         self.train_loader, self.val_batches = train_loader, val_batches
-        self.manager, self.reward_fn, self.val_reward_fn = generation_manager, reward_fn, val_reward_fn
+        self.rollout, self.reward_fn, self.val_reward_fn = rollout, reward_fn, val_reward_fn
         self.kl_ctrl, self.tracker, self.num_params, self.val_report = kl_ctrl, tracker, num_params, val_report
         self.train_data = train_data
         self.total_steps = plan.total_training_steps
@@ -67,7 +68,7 @@ class RayPPOTrainer:
             with timer("gen", timings):
                 batch = self.generate(batch, self.train_params)                                # 2
             gen_split = batch.meta_info.get("timing", {})  # seconds inside gen, by what waited
-            timings["retrieval"] = gen_split.get("retrieval_s", 0.0)
+            timings["tool"] = gen_split.get("tool_s", 0.0)
             timings["gen_engine"] = gen_split.get("generation_s", 0.0)
             for key in ("engine_calls", "decode_steps"):
                 if key in gen_split:
@@ -89,9 +90,9 @@ class RayPPOTrainer:
 
     # ------------------------------------------------------------------------------ step helpers
     def generate(self, batch, params, on_turn=None):
-        """Multi-turn generation with search on the controller; keeps the prompt rows' fields.
-        ``on_turn``: the generation manager's per-turn progress callback (sync mode)."""
-        return stages.carry_row_fields(batch, self.manager.run_llm_loop(batch, params, on_turn=on_turn))
+        """The environment's multi-turn rollout, driven from the controller; keeps the prompt rows'
+        fields. ``on_turn``: the rollout's per-turn progress callback (sync mode)."""
+        return stages.carry_row_fields(batch, self.rollout.run(batch, params, on_turn=on_turn))
 
     def compute_log_probs_and_values(self, batch, timings: dict, metrics: dict) -> None:
         w = self.workers
@@ -113,7 +114,7 @@ class RayPPOTrainer:
         return metric_utils.reduce_worker_metrics(output.meta_info.get("metrics", {}))
 
     def step_metrics(self, batch, timings: dict) -> dict[str, float]:
-        metrics = metric_utils.compute_data_metrics(batch, use_critic=self.workers.critic is not None)
+        metrics = metric_utils.compute_data_metrics(batch, self.workers.critic is not None, self.rollout.env)
         metrics.update(metric_utils.compute_timing_metrics(timings))
         metrics.update(metric_utils.compute_throughput_metrics(
             stages.num_tokens(batch), timings, self.num_params,
@@ -156,7 +157,7 @@ class RayPPOTrainer:
             batch = stages.expand_groups(batch, self.config.actor_rollout_ref.rollout.val_kwargs.n)
             return self.generate(batch, self.val_params, on_turn)
 
-        return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer,
+        return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer, self.rollout.env,
                               dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step,
                               report=self.val_report)
 

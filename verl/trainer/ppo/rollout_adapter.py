@@ -1,13 +1,13 @@
 """The rollout worker group seen as a ``RolloutEngine``, so the multi-turn loop runs on the controller.
 
-``LLMGenerationManager`` drives an engine with token ids, one turn at a time, and calls the
-retriever between turns. The engine itself lives inside the actor-rollout workers (colocated with
+The agent loop (``MultiTurnRollout``) drives an engine with token ids, one turn at a time, and
+calls the environment's tools between turns. The engine itself lives inside the actor-rollout workers (colocated with
 the FSDP actor, sharing its weights); this adapter turns ``engine.generate(prompt_ids, params)``
 into one ``generate_sequences`` call on the worker group. Weight sync after an actor update happens
 inside the workers, so ``update_weights`` is a no-op here.
 
 In the async rollout mode the trajectory tasks must run where the engine is: ``run_agent_loop``
-sends the rows with the loop to run (``search_r1.llm_agent.async_rollout.AgentLoop``) and each
+sends the rows with the loop to run (``verl.workers.rollout.agent_loop.async_loop.AgentLoop``) and each
 worker runs it on its share of the rows beside its own engine (``generate_trajectories``).
 """
 
@@ -104,6 +104,6 @@ def sampling_params(rollout_cfg, max_tokens: int, validate: bool = False) -> Sam
         temperature=0.0 if greedy else float(source.temperature),
         top_p=1.0 if greedy else float(source.top_p),
         top_k=-1 if greedy else int(source.top_k),
-        max_tokens=int(max_tokens), n=1,  # the generation manager adds its stop strings
+        max_tokens=int(max_tokens), n=1,  # the agent loop adds the environment's stop strings
         seed=rollout_cfg.seed if seeded else None,
         logprobs=True)

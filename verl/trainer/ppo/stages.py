@@ -10,12 +10,11 @@ from __future__ import annotations
 import uuid
 
 import numpy as np
-import torch
-from verl.algorithms.config import AlgorithmConfig
 
 from verl import algorithms
+from verl.algorithms.config import AlgorithmConfig
 
-# Per-row fields the generation manager may drop and the later stages still need.
+# Per-row fields the rollout may drop and the later stages still need.
 _CARRIED_FIELDS = ("uid", "data_source", "reward_model", "extra_info", "index", "ability")
 
 
@@ -79,6 +78,3 @@ def num_tokens(batch) -> int:
     """Real (attention-mask) tokens in the batch, for throughput."""
     return int(batch.batch["attention_mask"].sum().item())
 
-
-def as_float(x) -> float:
-    return float(x.item() if isinstance(x, torch.Tensor) else x)

@@ -1,18 +1,18 @@
-"""Build a ``RayPPOTrainer`` from a checked config: tokenizer, data, workers, rollout loop, rewards.
+"""Build a ``RayPPOTrainer`` from a checked config: tokenizer, environment, data, workers, rollout loop, rewards.
 
 Each builder is one small function so the trainer module stays the step and nothing else.
 """
 
 from __future__ import annotations
 
-import functools
 import random
 from pathlib import Path
 
 import numpy as np
 import torch
 from verl import algorithms
-from verl.trainer.ppo.config import PPOConfig
+from verl.envs.base import Environment
+from verl.trainer.ppo.config import PPOConfig, environment_of
 from verl.trainer.ppo.data_loading import BatchLoader, ResumableBatchSampler, iterate_in_order
 from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 from verl.trainer.ppo.resume_check import check_resume, train_data_record
@@ -55,13 +55,18 @@ class _Head:
         return self.dataset[index]
 
 
-def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None):
-    """The prompts of ``files``: Search-R1 rows, or FlashRAG QA rows given the environment's prompt on load.
+def build_environment(cfg: PPOConfig, tokenizer) -> Environment:
+    """The run's environment (``env.name``), bound to the policy's tokenizer."""
+    return environment_of(cfg).from_config(cfg, tokenizer)
+
+
+def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None, env: Environment):
+    """The prompts of ``files`` in the environment's form (its rows, or FlashRAG QA rows given its prompt on load).
 
     Raises:
-        ConfigError: a missing file, column or field, or a bad row (naming file, row and field).
+        ConfigError: a missing file, column or field, a bad row (naming file, row and field), or a
+            ``data_source`` the environment has no reward for.
     """
-    from search_r1.qa_rows import FLASHRAG_FORM
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     files = [files] if isinstance(files, str) else list(files)
@@ -69,52 +74,40 @@ def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None):
         if not Path(file).expanduser().exists():
             raise ValueError(f"data file not found: {file} (prepare it with scripts/data_process/*.py)")
     try:
-        dataset = RLHFDataset(files, tokenizer, prompt_key=cfg.data.prompt_key,
-                              max_prompt_length=cfg.data.max_start_length,
-                              filter_overlong_prompts=cfg.data.filter_overlong_prompts,
-                              return_raw_chat=cfg.data.return_raw_chat, row_form=FLASHRAG_FORM)
+        dataset = RLHFDataset(files, tokenizer, cfg.data, env)
     except (ValueError, FileNotFoundError) as error:  # the message names file, row and field
         raise ConfigError(str(error)) from None
-    check_data_sources(dataset.rows, files)
+    unknown = env.check_data_sources({str(row.get("data_source")) for row in dataset.rows})
+    if unknown:
+        raise ConfigError(f"{', '.join(map(str, files))}: data_source {', '.join(map(repr, unknown))} has no reward "
+                          f"function in environment {env.name!r} (docs/quickstart.md, custom data)")
     return _Head(dataset, max_rows)
 
 
-def check_data_sources(rows: list[dict], files: list[str]) -> None:
-    """Every row's ``data_source`` has a reward function (the default QA score's names).
+def loop_config(cfg: PPOConfig, plan: RunPlan):
+    """The agent loop's budgets from the run's keys."""
+    from verl.workers.rollout.agent_loop import LoopConfig
 
-    Raises:
-        ConfigError: naming the files, the unknown values and the known ones.
-    """
-    from verl.utils.reward_score import QA_DATA_SOURCES
-
-    unknown = sorted({str(row.get("data_source")) for row in rows} - QA_DATA_SOURCES)
-    if unknown:
-        raise ConfigError(f"{', '.join(map(str, files))}: data_source {', '.join(map(repr, unknown))} has no reward "
-                          f"function; use one of {sorted(QA_DATA_SOURCES)} (docs/quickstart.md, custom data)")
+    return LoopConfig(max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
+                      max_prompt_length=cfg.data.max_prompt_length, max_response_length=plan.response_width,
+                      mode=cfg.actor_rollout_ref.rollout.mode)
 
 
-def build_generation_manager(cfg: PPOConfig, tokenizer, engine, plan: RunPlan):
-    from search_r1.llm_agent.generation import GenerationConfig, LLMGenerationManager
-    from search_r1.search.client import RetrieverClient
+def build_rollout(cfg: PPOConfig, tokenizer, engine, plan: RunPlan, env: Environment):
+    """The multi-turn rollout of the run's environment over ``engine``."""
+    from verl.workers.rollout.agent_loop import MultiTurnRollout
 
-    gen_config = GenerationConfig(
-        max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
-        max_prompt_length=cfg.data.max_prompt_length, max_response_length=plan.response_width,
-        max_obs_length=cfg.data.max_obs_length, do_search=cfg.do_search, mode=cfg.actor_rollout_ref.rollout.mode)
-    retriever = RetrieverClient(cfg.retriever.url, topk=cfg.retriever.topk, timeout=cfg.retriever.timeout,
-                                max_retries=cfg.retriever.max_retries,
-                                max_concurrency=cfg.retriever.max_concurrency) if cfg.do_search else None
-    return LLMGenerationManager(tokenizer, engine, gen_config, retriever)
+    return MultiTurnRollout(tokenizer, engine, env, loop_config(cfg, plan))
 
 
 def build_validation_report(cfg: PPOConfig):
-    """``(records, path) -> None`` writing the trajectory report of a validation dump
-    (``<trainer.validation_data_dir>/<step>.html``), or None without a dump folder or with
-    ``trainer.validation_report_questions`` 0."""
+    """``(records, path) -> None`` writing the environment's trajectory report of a validation dump
+    (``<trainer.validation_data_dir>/<step>.html``), or None without a dump folder, with
+    ``trainer.validation_report_questions`` 0, or when the environment has no report."""
     limit = cfg.trainer.validation_report_questions
-    if not cfg.trainer.validation_data_dir or limit <= 0:
+    write_report = environment_of(cfg).report_writer()
+    if not cfg.trainer.validation_data_dir or limit <= 0 or write_report is None:
         return None
-    from search_r1.report import write_report
 
     def report(records: list[dict], path: Path) -> None:
         write_report(records, path, f"Validation of {cfg.trainer.experiment_name} at step {path.stem}",
@@ -123,18 +116,11 @@ def build_validation_report(cfg: PPOConfig):
     return report
 
 
-def build_reward_fn(cfg: PPOConfig, tokenizer, num_examine: int):
-    """EM reward (Search-R1's format-aware score with ``reward_model.style=format`` or non-zero
-    format scores) over decoded responses."""
-    from verl.utils.reward_score import default_compute_score
+def build_reward_fn(env: Environment, tokenizer, num_examine: int):
+    """The environment's reward (``Environment.compute_score``) over decoded responses."""
     from verl.workers.reward_manager import RewardManager
 
-    rm = cfg.reward_model
-    compute_score = functools.partial(default_compute_score, format_score=rm.format_score,
-                                      structure_format_score=rm.structure_format_score,
-                                      final_format_score=rm.final_format_score, retrieval_score=rm.retrieval_score,
-                                      format_aware=rm.style == "format")
-    return RewardManager(tokenizer, compute_score, num_examine)
+    return RewardManager(tokenizer, env.compute_score, num_examine)
 
 
 def count_parameters(model_path: str) -> int:
@@ -157,8 +143,9 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
 
     seed_everything(cfg.trainer.seed)
     tokenizer = load_tokenizer(cfg)
-    train_set = build_dataset(cfg.data.train_files, tokenizer, cfg, cfg.data.train_data_num)
-    val_set = build_dataset(cfg.data.val_files, tokenizer, cfg, cfg.data.val_data_num)
+    env = build_environment(cfg, tokenizer)
+    train_set = build_dataset(cfg.data.train_files, tokenizer, cfg, cfg.data.train_data_num, env)
+    val_set = build_dataset(cfg.data.val_files, tokenizer, cfg, cfg.data.val_data_num, env)
     try:
         sampler = ResumableBatchSampler(len(train_set), cfg.data.train_batch_size,
                                         shuffle=cfg.data.shuffle_train_dataloader, seed=cfg.data.seed)
@@ -177,9 +164,9 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
         return RayPPOTrainer(
             cfg, plan, tokenizer, workers, BatchLoader(train_set, collate_fn, sampler),
             val_batches=lambda: iterate_in_order(val_set, collate_fn, val_batch_size),
-            generation_manager=build_generation_manager(cfg, tokenizer, engine, plan),
-            reward_fn=build_reward_fn(cfg, tokenizer, cfg.reward_model.num_examine),
-            val_reward_fn=build_reward_fn(cfg, tokenizer, 1),
+            rollout=build_rollout(cfg, tokenizer, engine, plan, env),
+            reward_fn=build_reward_fn(env, tokenizer, cfg.reward_model.num_examine),
+            val_reward_fn=build_reward_fn(env, tokenizer, 1),
             kl_ctrl=algorithms.get_kl_controller(cfg.algorithm.kl_ctrl), tracker=tracker,
             num_params=count_parameters(cfg.actor_rollout_ref.model.path), val_report=build_validation_report(cfg),
             train_data=train_data)

@@ -19,15 +19,10 @@ from typing import Callable, Iterable
 import numpy as np
 from tqdm import tqdm
 
-from verl.trainer.ppo.metric_utils import ENV_STATS, compute_validation_metrics, row_stat
-from verl.utils.reward_score.qa_em import extract_solution
-
-# Per-row integer statistics of the generation manager kept in each record.
-RECORD_STATS = (*ENV_STATS, "truncated")
-QUESTION_MARKER = "Question: "  # the last field of Search-R1's prompt template (search_r1.prompts)
+from verl.trainer.ppo.metric_utils import compute_validation_metrics, row_stats, stat_keys
 
 
-def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer,
+def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer, env,
                    dump_dir: str | None = None, global_step: int = 0, progress: bool = True,
                    report: Callable[[list[dict], Path], object] | None = None) -> dict[str, float]:
     """Generate, score and summarise every validation batch.
@@ -35,8 +30,9 @@ def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, t
     Args:
         batches: DataProto prompt batches (file order); a ``num_rows`` attribute sizes the progress bar.
         generate: ``generate(batch, on_turn=callback)`` -> generated batch (the trainer's greedy
-            multi-turn rollout; ``callback`` takes the generation manager's per-turn progress).
+            multi-turn rollout; ``callback`` takes the rollout's per-turn progress).
         reward_fn: the validation reward manager (``return_dict=True`` call).
+        env: the run's environment (reads answers and questions, adds its own figures).
         dump_dir: folder for ``<global_step>.jsonl`` (one record per question); None to skip.
         progress: show a progress bar over questions: questions done, the batch's turn and rows
             still generating, and the time left at that pace (updated after every turn).
@@ -45,15 +41,15 @@ def run_validation(batches: Iterable, generate: Callable, reward_fn: Callable, t
     Returns:
         ``val/*`` metrics, each a per-question statistic (:func:`validation_metrics`).
     """
-    records = collect_records(batches, generate, reward_fn, tokenizer, progress)
+    records = collect_records(batches, generate, reward_fn, tokenizer, env, progress)
     if dump_dir:
         write_records(records, Path(dump_dir) / f"{global_step}.jsonl")
         if report is not None:
             report(records, Path(dump_dir) / f"{global_step}.html")
-    return validation_metrics(records)
+    return validation_metrics(records, env)
 
 
-def collect_records(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer,
+def collect_records(batches: Iterable, generate: Callable, reward_fn: Callable, tokenizer, env,
                     progress: bool = True) -> list[dict]:
     """One record per validation row, in input order (see :func:`batch_records`)."""
     records: list[dict] = []
@@ -62,7 +58,7 @@ def collect_records(batches: Iterable, generate: Callable, reward_fn: Callable, 
         for number, batch in enumerate(batches, 1):
             shown = TurnBar(bar, number)
             generated = generate(batch, on_turn=shown)
-            records += batch_records(generated, reward_fn(generated, return_dict=True), tokenizer)
+            records += batch_records(generated, reward_fn(generated, return_dict=True), tokenizer, env)
             shown.finish(len(generated))
     return records
 
@@ -79,7 +75,7 @@ class TurnBar:
         self.bar, self.batch_number, self.done = bar, batch_number, 0
 
     def __call__(self, progress) -> None:
-        """Take a :class:`search_r1.llm_agent.generation.TurnProgress`."""
+        """Take a :class:`verl.workers.rollout.agent_loop.TurnProgress`."""
         self.bar.set_postfix_str(f"batch {self.batch_number}, turn {progress.turn}/{progress.max_turns}: "
                                  f"{progress.active} rows generating", refresh=False)
         self.bar.update(progress.rows - progress.active - self.done)
@@ -92,28 +88,29 @@ class TurnBar:
         self.done = rows
 
 
-def validation_metrics(records: list[dict]) -> dict[str, float]:
+def validation_metrics(records: list[dict], env=None) -> dict[str, float]:
     """``val/*`` metrics of a list of records: means over questions, per source and over all."""
     sources = [r["data_source"] for r in records]
     ems = [r["em"] for r in records] if records and all("em" in r for r in records) else None
     stats = {key: np.array([r[key] for r in records], dtype=float) if all(key in r for r in records) else None
-             for key in ENV_STATS}
-    return compute_validation_metrics(sources, [r["score"] for r in records], stats, ems)
+             for key in stat_keys(env)}
+    return compute_validation_metrics(sources, [r["score"] for r in records], stats, ems, env)
 
 
-def batch_records(batch, result: dict, tokenizer) -> list[dict]:
+def batch_records(batch, result: dict, tokenizer, env) -> list[dict]:
     """Per-row records of a generated, scored batch.
 
     Args:
-        batch: the generation manager's output (``prompts`` (B, P), ``responses`` (B, R),
+        batch: the rollout's output (``prompts`` (B, P), ``responses`` (B, R),
             ``attention_mask`` (B, P + R), ``response_mask`` (B, R), per-row stats) with the prompt
             rows' non-tensor fields.
         result: the reward manager's ``{"reward_tensor": (B, R), "reward_extra_info": {...}}``.
+        env: the environment (``question_of``, ``extract_answer``, ``counters``).
     Returns:
         dicts with ``data_source, uid`` (the dataset's row id), ``question, gold, ground_truth, input, output`` (the decoded
         trajectory: generated and retrieved text, special tokens skipped as the reward sees it),
-        ``answer`` (last ``<answer>`` or None), ``score``, ``em`` (when reported), the stats of
-        :data:`RECORD_STATS`, ``response_tokens`` (model-generated tokens) and ``response_length``
+        ``answer`` (the environment's reading of the output, or None), ``score``, ``em`` (when
+        reported), the loop's and the environment's per-row stats, ``response_tokens`` (model-generated tokens) and ``response_length``
         (all response tokens, observations included).
     """
     tensors, fields = batch.batch, batch.non_tensor_batch
@@ -121,7 +118,7 @@ def batch_records(batch, result: dict, tokenizer) -> list[dict]:
     attention = tensors["attention_mask"].bool()
     scores = result["reward_tensor"].sum(-1).tolist()
     ems = result.get("reward_extra_info", {}).get("em")
-    stats = {key: row_stat(batch, key) for key in RECORD_STATS}
+    stats = row_stats(batch, env)
     generated_tokens = tensors["response_mask"].sum(-1).tolist()
     records = []
     for row in range(len(batch)):
@@ -131,8 +128,8 @@ def batch_records(batch, result: dict, tokenizer) -> list[dict]:
         ground_truth = _jsonable(fields["reward_model"][row].get("ground_truth")) if "reward_model" in fields else None
         record = {"data_source": str(fields["data_source"][row]) if "data_source" in fields else "unknown",
                   "uid": _row_id(fields, row),
-                  "question": question_of(prompt), "gold": _answers(ground_truth), "ground_truth": ground_truth,
-                  "input": prompt, "output": output, "answer": extract_solution(output), "score": float(scores[row])}
+                  "question": env.question_of(prompt), "gold": _answers(ground_truth), "ground_truth": ground_truth,
+                  "input": prompt, "output": output, "answer": env.extract_answer(output), "score": float(scores[row])}
         if ems is not None and len(ems) == len(batch):
             record["em"] = float(ems[row])
         record.update({key: int(values[row]) for key, values in stats.items() if values is not None})
@@ -150,14 +147,6 @@ def _row_id(fields: dict, row: int) -> str:
         return str(extra["uid"])
     index = fields["index"][row] if "index" in fields else row
     return f"{fields['data_source'][row]}-{index}" if "data_source" in fields else str(index)
-
-
-def question_of(prompt: str) -> str:
-    """The question of a Search-R1 prompt (the text after the last ``Question: `` up to its line
-    end), or the whole prompt when it has no such marker."""
-    if QUESTION_MARKER not in prompt:
-        return prompt.strip()
-    return prompt.rsplit(QUESTION_MARKER, 1)[1].split("\n", 1)[0].strip()
 
 
 def _answers(ground_truth) -> list[str]:

@@ -4,12 +4,12 @@ Rows follow Search-R1's schema (``scripts/data_process/qa_common.py``, checked i
 ``prompt`` is a list of chat messages (or a string), ``reward_model.ground_truth`` the answers
 (``{"target": [...]}``, or a bare string / list, which is wrapped). Each item is
 
-    input_ids, attention_mask, position_ids : (P,) int64, left padded to ``max_prompt_length``
+    input_ids, attention_mask, position_ids : (P,) int64, left padded to ``data.max_start_length``
     raw_prompt_ids                          : list[int], the unpadded prompt (engines take these)
     data_source, reward_model, extra_info, index, uid (+ ability, raw_prompt when asked)
 
-Prompts are never cut: one longer than ``max_prompt_length`` is dropped with a logged count
-(``filter_overlong_prompts``) or raises naming its row. Masks come from lengths, never from
+Prompts are never cut (that would remove the question): one longer than ``data.max_start_length``
+is dropped with a logged count (``filter_overlong_prompts``) or raises naming its row. Masks come from lengths, never from
 comparing ids with ``pad_token_id`` (which equals ``eos_token_id`` for SmolLM2 and Qwen base).
 """
 
@@ -22,37 +22,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from verl.utils.dataset.rl_rows import RowForm, check_extra_info, check_reward_model, read_rows
+from verl.utils.dataset.config import DataConfig
+from verl.utils.dataset.rl_rows import check_extra_info, check_reward_model, read_rows
 
 logger = logging.getLogger(__name__)
 
-DEFAULTS = {"prompt_key": "prompt", "max_prompt_length": 1024, "filter_overlong_prompts": True,
-            "return_raw_chat": False, "truncation": "error"}
 MAX_REPORTED_ROWS = 5
 
 
-def _settings(config: Mapping | None, overrides: dict) -> dict:
-    """DEFAULTS, then the ``data`` section of ``config`` (or ``config`` itself), then kwargs."""
-    settings = dict(DEFAULTS)
-    if config is not None:
-        section = config["data"] if "data" in config else config
-        settings.update({key: section[key] for key in DEFAULTS if key in section})
-    settings.update({key: value for key, value in overrides.items() if value is not None})
-    if settings["truncation"] != "error":
-        raise ValueError(f"data.truncation={settings['truncation']!r} is not supported: cutting a "
-                         "prompt removes its question; use filter_overlong_prompts or a larger "
-                         "max_prompt_length")
-    return settings
-
-
-def read_parquet_rows(path: str | Path, required: Sequence[str]) -> list[dict]:
-    """Rows of one parquet file as Python dicts (nested lists/dicts, no numpy).
-
-    Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: a required column is missing (names the file and the key).
-    """
-    return [row for _, _, row in read_rows(path, required)]
 
 
 def as_messages(prompt: Any, where: str) -> list[dict]:
@@ -66,10 +43,13 @@ def as_messages(prompt: Any, where: str) -> list[dict]:
                      f"messages, got {prompt!r:.200}")
 
 
-def render_prompt(tokenizer, messages: list[dict]) -> str:
-    """Chat template with the assistant header when the tokenizer has one, else the raw text."""
+def render_prompt(tokenizer, messages: list[dict], **template_kwargs) -> str:
+    """Chat template with the assistant header when the tokenizer has one, else the raw text.
+
+    ``template_kwargs`` go to ``apply_chat_template`` (an environment's ``tools``).
+    """
     if getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **template_kwargs)
     return "\n".join(m["content"] for m in messages)
 
 
@@ -100,27 +80,20 @@ class RLHFDataset(torch.utils.data.Dataset):
         parquet_files: a path or a list of paths, ``.parquet`` or ``.jsonl`` (rows are concatenated
             in order).
         tokenizer: a Hugging Face tokenizer; its ``pad_token`` is set to ``eos_token`` if missing.
-        config: optional mapping (the whole config or its ``data`` section) with keys
-            ``prompt_key``, ``max_prompt_length``, ``filter_overlong_prompts``, ``return_raw_chat``,
-            ``truncation`` (only ``"error"``).
-        row_form: another row form to accept (:class:`~verl.utils.dataset.rl_rows.RowForm`; the
-            trainer passes FlashRAG's, :data:`search_r1.qa_rows.FLASHRAG_FORM`).
-        **overrides: the same keys as keyword arguments (win over ``config``).
+        data: the ``data`` section (``prompt_key``, ``max_start_length``, ``filter_overlong_prompts``,
+            ``return_raw_chat``).
+        env: the run's environment (``verl.envs.Environment``), or None: it may accept another
+            row form (``row_form``, e.g. FlashRAG's QA rows), make a row's chat messages
+            (``prompt_messages``) and add chat-template arguments (``chat_template_kwargs``).
     Raises:
         FileNotFoundError / ValueError: missing file or column, malformed row, prompt or
             ``reward_model`` (names file, row or line, and field), an overlong prompt with filtering
             off (names file, row and uid), or no prompt left.
     """
 
-    def __init__(self, parquet_files, tokenizer, config: Mapping | None = None, *,
-                 prompt_key: str | None = None, max_prompt_length: int | None = None,
-                 filter_overlong_prompts: bool | None = None, return_raw_chat: bool | None = None,
-                 truncation: str | None = None, row_form: RowForm | None = None):
-        self.row_form = row_form
-        self.settings = _settings(config, dict(
-            prompt_key=prompt_key, max_prompt_length=max_prompt_length,
-            filter_overlong_prompts=filter_overlong_prompts, return_raw_chat=return_raw_chat,
-            truncation=truncation))
+    def __init__(self, parquet_files, tokenizer, data: DataConfig | None = None, env=None):
+        self.data = data or DataConfig()
+        self.env = env
         self.tokenizer = tokenizer
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -132,24 +105,26 @@ class RLHFDataset(torch.utils.data.Dataset):
         for path in files:
             self._load(path)
         if not self.rows:
-            raise ValueError(f"no prompts left in {files} (max_prompt_length="
-                             f"{self.settings['max_prompt_length']})")
+            raise ValueError(f"no prompts left in {files} (data.max_start_length={self.data.max_start_length})")
 
     def _load(self, path) -> None:
-        key, limit = self.settings["prompt_key"], int(self.settings["max_prompt_length"])
+        key, limit, env = self.data.prompt_key, self.data.max_start_length, self.env
+        template_kwargs = env.chat_template_kwargs() if env is not None else {}
         overlong, num_rows = [], 0
-        for where, position, row in read_rows(path, [key, "reward_model"], self.row_form):
+        for where, position, row in read_rows(path, [key, "reward_model"], env.row_form() if env is not None else None):
             num_rows += 1
             messages = as_messages(row[key], where)
+            if env is not None:
+                messages = env.prompt_messages(row, messages)
             row["reward_model"] = check_reward_model(row["reward_model"], where)
             row["extra_info"] = check_extra_info(row.get("extra_info"), where)
-            ids = self.tokenizer(render_prompt(self.tokenizer, messages),
+            ids = self.tokenizer(render_prompt(self.tokenizer, messages, **template_kwargs),
                                  add_special_tokens=False)["input_ids"]
             uid = row_uid(row, f"{Path(path).stem}-{position}")
             if len(ids) > limit:
-                if not self.settings["filter_overlong_prompts"]:
+                if not self.data.filter_overlong_prompts:
                     raise ValueError(f"{where} (uid {uid}): prompt has {len(ids)} tokens > "
-                                     f"data.max_prompt_length={limit}")
+                                     f"data.max_start_length={limit}")
                 overlong.append(uid)
                 continue
             row["_messages"], row["_uid"], row["_position"] = messages, uid, position
@@ -165,7 +140,7 @@ class RLHFDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, item: int) -> dict:
         row, ids = self.rows[item], self.prompt_ids[item].tolist()
-        out = left_pad(ids, int(self.settings["max_prompt_length"]), self.tokenizer.pad_token_id)
+        out = left_pad(ids, self.data.max_start_length, self.tokenizer.pad_token_id)
         extra = row["extra_info"]
         out.update({
             "raw_prompt_ids": ids,
@@ -177,7 +152,7 @@ class RLHFDataset(torch.utils.data.Dataset):
         })
         if "ability" in row:
             out["ability"] = row["ability"]
-        if self.settings["return_raw_chat"]:
+        if self.data.return_raw_chat:
             out["raw_prompt"] = row["_messages"]
         return out
 

@@ -12,7 +12,7 @@ a ``ValueError`` naming the file, the row (parquet) or line (JSONL) and the fiel
 
 Rows of another form (FlashRAG's ``{"id", "question", "golden_answers"}``) are accepted through a
 :class:`RowForm` that the caller passes: the environment owns how such a row becomes its own form
-(:data:`search_r1.qa_rows.FLASHRAG_FORM`).
+(``Environment.row_form``).
 """
 
 from __future__ import annotations

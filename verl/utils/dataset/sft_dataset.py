@@ -8,9 +8,9 @@ The loss mask follows the RL rule (docs/architecture.md, ``response_mask``): 1 o
 itself would generate (assistant text and the end-of-turn token), 0 on everything else -- system and
 user turns, chat-template scaffolding, and ``<information>...</information>`` observations inside an
 assistant turn. Observations are located in the *source* string by the environment's pattern (the
-caller passes it: ``search_r1.prompts.ENVIRONMENT_TEXT`` for the search loop's observations and
+caller passes it: the environment's ``environment_text``, for the search loop's observations and
 invalid-action message), and every piece is tokenised on its own and the
-ids concatenated, the way the generation manager appends observation tokens after generated ones.
+ids concatenated, the way the agent loop appends observation tokens after generated ones.
 So masks never depend on decoding ids or on comparing ids with pad/eos.
 """
 
@@ -188,7 +188,7 @@ class SFTDataset(Dataset):
             (``truncation="right"``), dropped (``"drop"``) or rejected (``"error"``).
         messages_key, prompt_key, response_key: column names.
         environment_text: pattern of the text inside assistant turns that the environment wrote
-            (not trained on); the SFT trainer passes ``search_r1.prompts.ENVIRONMENT_TEXT``.
+            (not trained on); the SFT trainer passes its environment's ``environment_text``.
     Raises:
         ValueError: bad rows (file and row index named), unknown truncation, or no examples left.
     """

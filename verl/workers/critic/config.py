@@ -6,35 +6,31 @@ Defaults that follow the actor are interpolations of its keys, as in Search-R1's
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Optional
 
 from omegaconf import II
 
-from verl.utils.model_config import FSDPConfig, OptimConfig
+from verl.utils.model_config import FSDPConfig, ModelSource, OptimConfig
 
 
 @dataclass(frozen=True)
-class CriticModelConfig:
+class CriticModelConfig(ModelSource):
     """The value model: a causal-LM checkpoint whose body gets a one-unit head (``critic.model``)."""
 
     path: str = II("actor_rollout_ref.model.path")
     """value model initialisation (a scalar head is added)"""
     tokenizer_path: Optional[str] = II("actor_rollout_ref.model.path")
     """its tokenizer"""
-    override_config: Dict[str, Any] = field(default_factory=dict)
-    """HF config fields to override at load"""
     external_lib: Optional[str] = II("actor_rollout_ref.model.external_lib")
     """module to import first (custom architectures)"""
+    attn_implementation: Optional[str] = II("actor_rollout_ref.model.attn_implementation")
+    """attention kernel (see the actor's key)"""
     enable_gradient_checkpointing: bool = True
     """activation checkpointing"""
     use_remove_padding: bool = True
     """packed (padding-free) forward passes"""
     max_packed_row_len: int = II("actor_rollout_ref.model.max_packed_row_len")
     """tokens per packed row (see the actor's key)"""
-    attn_implementation: Optional[str] = II("actor_rollout_ref.model.attn_implementation")
-    """attention kernel (see the actor's key)"""
-    trust_remote_code: bool = False
-    """allow model code from the hub"""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """sharding and offload of the critic"""
 

@@ -1,8 +1,9 @@
 """Batch -> token-level scores: decode each response, score it, put the score on its last token.
 
-A row whose prompt itself opened an action (a forced ``<answer>``/``<search>`` prefix; the rollout
-reports it per row as ``action_prefix``) is scored on ``action_prefix + response``: the action the
-rollout loop parsed, so a forced ``<answer>`` followed by the gold answer earns the reward.
+The score is the environment's (``Environment.compute_score``). A row whose prompt itself opened an
+action (a forced ``<answer>``/``<search>`` prefix; the rollout reports it per row as
+``action_prefix``) is scored on ``action_prefix + response``: the action the rollout loop parsed,
+so a forced ``<answer>`` followed by the gold answer earns the reward.
 
 The last real response token is found from the attention mask over the response part (or
 ``response_mask`` when there is no attention mask), never by comparing ids with ``pad_token_id``:
@@ -17,7 +18,6 @@ from typing import Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from verl.utils.reward_score import QA_DATA_SOURCES, default_compute_score, qa_em
 
 
 def response_lengths(batch: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -56,21 +56,21 @@ class RewardManager:
     Args:
         tokenizer: decodes the responses (special tokens such as EOS are skipped).
         compute_score: ``f(data_source, solution_str, ground_truth, extra_info, **kw)`` returning a
-            float or a dict with a ``"score"`` key (other keys go to ``reward_extra_info``);
-            default :func:`default_compute_score`. For a row with a non-empty ``action_prefix``
-            it also gets ``action_prefix=`` (``solution_str`` then starts with that tag).
+            float or a dict with a ``"score"`` key (other keys, e.g. ``em``, go to
+            ``reward_extra_info``): the environment's ``compute_score``. For a row with a non-empty
+            ``action_prefix`` it also gets ``action_prefix=`` (``solution_str`` then starts with that tag).
         num_examine: responses printed per data source per call (debugging).
         reward_fn_key: the non-tensor field that names the data source.
         **score_kwargs: passed to ``compute_score`` (e.g. ``structure_format_score``).
     """
 
-    def __init__(self, tokenizer, compute_score: Callable | None = None, num_examine: int = 0,
+    def __init__(self, tokenizer, compute_score: Callable, num_examine: int = 0,
                  reward_fn_key: str = "data_source", **score_kwargs):
-        if compute_score is not None and not callable(compute_score):
+        if not callable(compute_score):
             raise TypeError(f"compute_score must be callable, got {compute_score!r}; the signature "
-                            "is RewardManager(tokenizer, compute_score=None, num_examine=0, ...)")
+                            "is RewardManager(tokenizer, compute_score, num_examine=0, ...)")
         self.tokenizer = tokenizer
-        self.compute_score = compute_score or default_compute_score
+        self.compute_score = compute_score
         self.num_examine = int(num_examine)
         self.reward_fn_key = reward_fn_key
         self.score_kwargs = score_kwargs
@@ -102,16 +102,14 @@ class RewardManager:
                                         ground_truth=ground_truth, extra_info=extra_info,
                                         **self.score_kwargs, **row_kwargs)
             score = self._collect(result, extra)
-            if source in QA_DATA_SOURCES:
-                extra["em"].append(qa_em.compute_score_em(text, ground_truth))
             if length > 0:
                 reward_tensor[row, length - 1] = score
             sources.append(source)
             if printed[source] < self.num_examine:
                 printed[source] += 1
                 print(f"[{source}] score={score} ground_truth={ground_truth}\n{text}", flush=True)
-        if len(extra.get("em", [])) != len(sources):
-            extra.pop("em", None)  # mixed QA / non-QA batch: no per-row EM column
+        for key in [key for key, values in extra.items() if len(values) != len(sources)]:
+            del extra[key]  # a column not every row reported (mixed sources) is no per-row column
         self.last_data_source_means = mean_by_data_source(sources, extra["score"])
         if return_dict:
             return {"reward_tensor": reward_tensor, "reward_extra_info": dict(extra)}

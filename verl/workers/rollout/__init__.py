@@ -11,13 +11,11 @@ from typing import Any, Mapping
 
 from verl.utils.config import to_typed
 from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
-from verl.workers.rollout.config import ENGINE_NAMES, RolloutConfig
+from verl.workers.rollout.config import ENGINE_NAMES, RolloutConfig, engine_max_model_len
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["RolloutEngine", "RolloutOutput", "SamplingParams", "build_rollout_engine", "default_engine_name"]
-
-DEFAULT_MAX_MODEL_LEN = 2048  # engines built outside the trainer without a length (tests, tools)
 
 
 def default_engine_name() -> str:
@@ -47,14 +45,17 @@ def build_rollout_engine(rollout_config: RolloutConfig | Mapping, model_path: st
         model: an already loaded module (the actor's) for the hf engine to wrap instead of loading.
         max_model_len: the engine length (the trainer passes
             :func:`verl.workers.rollout.config.engine_max_model_len`); None: ``rollout.max_model_len``,
-            else 2048.
+            else what that function gives for the default data budgets.
         engine_options: engine constructor arguments outside the configuration (benchmarks and
             tools: vLLM's ``executor_backend``, ``extra_engine_kwargs``; hf's ``max_batch_size``, ``device``).
     Raises:
         ValueError: unknown engine name, or a malformed ``rollout_config`` (naming the key).
     """
     config = to_typed(RolloutConfig, rollout_config, "actor_rollout_ref.rollout")
-    length = max_model_len or config.max_model_len or DEFAULT_MAX_MODEL_LEN
+    length = max_model_len or config.max_model_len
+    if length is None:
+        from verl.utils.dataset.config import DataConfig
+        length = engine_max_model_len(config, DataConfig())
     if config.name == "vllm":
         from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine
         scheduler = {"max_num_batched_tokens": config.max_num_batched_tokens, "max_num_seqs": config.max_num_seqs}

@@ -1,6 +1,6 @@
 """One continuation per call, awaited: the engines as the asynchronous rollout sees them.
 
-The async rollout (``search_r1/llm_agent/async_rollout.py``) runs every trajectory as its own
+The async rollout (``verl/workers/rollout/agent_loop/async_loop.py``) runs every trajectory as its own
 asyncio task and asks for one continuation at a time, ``await engine.agenerate(prompt_ids,
 params)``. The drivers here give both engines that call without moving them: they run in the
 calling process, on the calling event loop, next to the actor as in the sync mode.

@@ -1,6 +1,6 @@
 """The rollout engine interface shared by the vLLM and transformers engines.
 
-The multi-turn loop (``search_r1/llm_agent/generation.py``) only ever sends token ids to an engine
+The multi-turn loop (``verl/workers/rollout/agent_loop/``) only ever sends token ids to an engine
 and gets token ids back, so a trajectory is the exact concatenation of what the model sampled and
 the tokenised observations: no text is decoded and re-encoded into the training sequence.
 """

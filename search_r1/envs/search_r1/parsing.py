@@ -13,9 +13,13 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from search_r1.envs.search_r1.prompts import ENVIRONMENT_TEXT
+
 ACTION_RE = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)
 STOP_STRINGS = ("</search>", "</answer>")
+ACTION_PREFIXES = ("<search>", "<answer>")  # the tags a prompt may open (a forced assistant prefix)
 THINK_RE = re.compile(r"<think>(.*?)</think>", re.DOTALL)
+_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -53,3 +57,15 @@ def split_reasoning(text: str) -> tuple[list[str], str]:
     """
     blocks = [block.strip() for block in THINK_RE.findall(text)]
     return blocks, THINK_RE.sub(" ", text).strip()
+
+
+def extract_solution(response: str) -> str | None:
+    """Stripped text of the last complete ``<answer>...</answer>`` of a response, or None.
+
+    Text the search loop wrote (``<information>`` blocks, the invalid-action message) is ignored:
+    those are not the model's words.
+    """
+    matches = _ANSWER.findall(ENVIRONMENT_TEXT.sub(" ", response))
+    if not matches:
+        return None
+    return matches[-1].strip()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from search_r1.llm_agent.tensor_helper import length_mask, pad_rows
+from verl.workers.rollout.agent_loop.packing import length_mask, pad_rows
 
 
 def reference(rows, width, pad, dtype, left):

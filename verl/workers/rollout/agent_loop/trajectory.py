@@ -1,32 +1,31 @@
-"""Per-row state of a multi-turn rollout: the token lists and the row's statistics."""
+"""Per-row state of a multi-turn rollout: the token lists, the loop's flags and the environment's counters."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 @dataclass
 class Trajectory:
     """One row: its prompt ids and the response built turn by turn.
 
-    ``response_mask`` is 1 on engine-generated tokens and 0 on observation tokens; ``log_probs``
-    holds the engine's log-prob for generated tokens and 0.0 for observations.
+    ``response_mask`` is 1 on engine-generated tokens and 0 on environment tokens; ``log_probs``
+    holds the engine's log-prob for generated tokens and 0.0 for environment tokens. ``counts``
+    holds the environment's per-row counters (``Environment.counters``).
     """
 
     prompt: list[int]
-    open_tag: str = ""  # an action tag the prompt opened (forced prefix), see generation._open_tag
+    open_tag: str = ""  # an action the prompt opened (forced prefix): Environment.open_tag
     response: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
     active: bool = True
     turns: int = 0
-    valid_search: int = 0
-    valid_action: int = 0
     finished: bool = False
     truncated: bool = False
-    obs_truncated: int = 0
-    empty_search: int = 0  # searches answered with no passage (a failing web backend serves those)
+    counts: Counter = field(default_factory=Counter)
 
     @property
     def context(self) -> list[int]:
@@ -40,10 +39,13 @@ class Trajectory:
         self.response_mask.extend([1] * len(token_ids))
         self.log_probs.extend(float(x) for x in log_probs)
 
-    def add_observation(self, token_ids: Sequence[int]) -> None:
+    def add_environment(self, token_ids: Sequence[int]) -> None:
         self.response.extend(token_ids)
         self.response_mask.extend([0] * len(token_ids))
         self.log_probs.extend([0.0] * len(token_ids))
+
+    def count(self, counts: Mapping[str, int]) -> None:
+        self.counts.update(counts)
 
     def end(self, finished: bool = False, truncated: bool = False) -> None:
         self.active = False

@@ -1,8 +1,4 @@
-"""Exact-match reward for open-domain QA, as in Search-R1 (and DPR/FlashRAG evaluation).
-
-The answer is the text of the **last** ``<answer>...</answer>`` of the *response*. Search-R1 decoded
-prompt + response and skipped the first match (the prompt's ``<answer> Beijing </answer>`` example);
-here callers pass the response only, so every match counts and the last one wins.
+"""Answer matching for open-domain QA, as in Search-R1 (and DPR/FlashRAG evaluation).
 
 Normalisation is SQuAD's (Rajpurkar et al., 2016, official evaluation script): lower-case, drop
 punctuation, drop the articles a/an/the, collapse whitespace.
@@ -16,15 +12,12 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+# The open-domain QA sets of Search-R1's training and evaluation (FlashRAG names).
+QA_DATA_SOURCES = frozenset(
+    ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"])
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _DROP_PUNCTUATION = str.maketrans("", "", string.punctuation)
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-# Text the search loop writes, not the model: retrieved passages (which may contain "<answer>" text;
-# an unclosed block was cut by truncation) and the invalid-action message, whose own
-# "<answer> and </answer>" would otherwise read as the answer "and" (search_r1.prompts.
-# INVALID_ACTION_MESSAGE; tests/reward/test_qa_em.py keeps the two in step).
-_ENVIRONMENT_TEXT = re.compile(r"<information>.*?(?:</information>|$)"
-                               r"|\nMy previous action is invalid\. .*?Let me try again\.\n", re.DOTALL)
 
 
 def normalize_answer(text: str, remove_articles: bool = True) -> str:
@@ -98,48 +91,18 @@ def subem_check(prediction: str, golden_answers) -> int:
     return 0
 
 
-def extract_solution(solution_str: str) -> str | None:
-    """Stripped text of the last complete ``<answer>...</answer>`` in the response, or None.
-
-    Text the search loop wrote (``<information>`` blocks, the invalid-action message) is ignored:
-    those are not the model's words.
-    """
-    matches = _ANSWER.findall(_ENVIRONMENT_TEXT.sub(" ", solution_str))
-    if not matches:
-        return None
-    return matches[-1].strip()
-
-
-def compute_score_em(solution_str: str, ground_truth, format_score: float = 0.0,
-                     score: float = 1.0) -> float:
-    """EM score of a response.
-
-    Args:
-        solution_str: the decoded response (not the prompt).
-        ground_truth: ``{"target": [...]}``, a list/array of answers, or one answer.
-        format_score: reward for an answer that is present but wrong.
-        score: reward for a correct answer.
-    Returns:
-        ``score`` on EM, ``format_score`` for a wrong answer, 0 with no answer.
-    """
-    answer = extract_solution(solution_str)
-    if answer is None:
-        return 0.0
-    return float(score) if em_check(answer, ground_truth) else float(format_score)
-
-
-def compute_score_subem(solution_str: str, ground_truth, format_score: float = 0.0,
-                        score: float = 1.0) -> float:
-    """Like :func:`compute_score_em` with substring match (``subem_check``)."""
-    answer = extract_solution(solution_str)
-    if answer is None:
-        return 0.0
-    return float(score) if subem_check(answer, ground_truth) else float(format_score)
-
-
 def any_in(golden_answers: Sequence[str], texts: Iterable[str]) -> bool:
     """True when a non-empty normalised gold answer occurs in one of the normalised texts."""
     golds = [g for g in (normalize_answer(a) for a in as_answer_list(golden_answers)) if g]
     if not golds:
         return False
     return any(gold in normalized for normalized in map(normalize_answer, texts) for gold in golds)
+
+
+def score_answer(answer: str | None, ground_truth, format_score: float = 0.0, score: float = 1.0,
+                 match=em_check) -> float:
+    """``score`` when ``answer`` matches (``match``: :func:`em_check` or :func:`subem_check`),
+    ``format_score`` for a wrong answer, 0 with no answer (None)."""
+    if answer is None:
+        return 0.0
+    return float(score) if match(answer, ground_truth) else float(format_score)

@@ -35,6 +35,7 @@ INSTRUCT_TEMPLATE = (
 )
 
 TEMPLATES = {"base": SEARCH_R1_TEMPLATE, "instruct": INSTRUCT_TEMPLATE}
+QUESTION_MARKER = "Question: "  # the templates' last field: the question follows it up to the line end
 
 # Search-R1 search_r1/llm_agent/generation.py, the observation for an unparsable action.
 INVALID_ACTION_MESSAGE = (
@@ -66,6 +67,29 @@ def make_prefix(question: str, template: str = "base") -> str:
     if template not in TEMPLATES:
         raise ValueError(f"unknown template {template!r}; choose one of {sorted(TEMPLATES)}")
     return TEMPLATES[template].format(question=normalize_question(question))
+
+
+def prompt_messages(question: str, template: str = "base") -> list[dict]:
+    """The chat messages of a Search-R1 row: one user turn holding :func:`make_prefix`."""
+    return [{"role": "user", "content": make_prefix(question, template)}]
+
+
+def question_of(prompt: str) -> str:
+    """The question of a Search-R1 prompt (the text after the last ``Question: `` up to its line
+    end), or the whole prompt when it has no such marker."""
+    if QUESTION_MARKER not in prompt:
+        return prompt.strip()
+    return prompt.rsplit(QUESTION_MARKER, 1)[1].split("\n", 1)[0].strip()
+
+
+def template_question(content: str) -> str | None:
+    """The question of a user turn written with one of :data:`TEMPLATES`, or None for other text
+    (another environment reads Search-R1's rows by their question)."""
+    for template in TEMPLATES.values():
+        head = template.split("{question}")[0]
+        if content.startswith(head):
+            return question_of(content)
+    return None
 
 
 def split_contents(contents: str) -> tuple[str, str]:
@@ -128,16 +152,21 @@ def parse_passages(block: str) -> list[tuple[int, str, str]]:
     return documents
 
 
+OBSERVATION_HEAD, OBSERVATION_TAIL = "\n\n<information>", "</information>\n\n"
+
+
 def format_observation(passages: str) -> str:
     """Wrap rendered passages into the observation appended after a ``</search>``.
 
     Search-R1 strips the rendered passages before wrapping them, so the last passage's newline is
     not inside the block.
     """
-    return f"\n\n<information>{passages.strip()}</information>\n\n"
+    return OBSERVATION_HEAD + passages.strip() + OBSERVATION_TAIL
 
 
-# The text the search loop itself writes into a trajectory: observation blocks (format_observation)
-# and the invalid-action message. SFT on search trajectories trains on everything else.
+# The text the search loop itself writes into a trajectory: observation blocks (format_observation;
+# one cut by a budget has no closing tag) and the invalid-action message, whose own
+# "<answer> and </answer>" is not an answer. The reward ignores it; SFT trains on everything else.
 ENVIRONMENT_TEXT = re.compile(
-    r"(\n\n<information>.*?</information>\n\n|" + re.escape(INVALID_ACTION_MESSAGE) + ")", re.DOTALL)
+    r"((?:\n\n)?<information>.*?(?:</information>(?:\n\n)?|\Z)|" + re.escape(INVALID_ACTION_MESSAGE) + ")",
+    re.DOTALL)

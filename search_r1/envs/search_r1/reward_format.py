@@ -14,7 +14,8 @@ correctness and form (Search-R1, Jin et al. 2025, the format-reward ablation):
     no EM, malformed, has answer -> final_format_score
     malformed, no answer         -> 0
 
-The answer is the last ``<answer>`` of the response outside ``<information>`` blocks (see qa_em).
+The answer is the last ``<answer>`` of the response outside ``<information>`` blocks
+(``parsing.extract_solution``).
 
 A response whose prompt opened the action (a forced ``<search>``/``<answer>`` prefix, passed as
 ``action_prefix`` with ``solution_str`` starting with that tag) is checked from that tag on: what
@@ -26,7 +27,8 @@ from __future__ import annotations
 
 import re
 
-from verl.utils.reward_score.qa_em import any_in, em_check, extract_solution
+from search_r1.envs.search_r1.parsing import ACTION_PREFIXES, extract_solution
+from search_r1.qa.answers import any_in, em_check
 
 _TAG = re.compile(r"(</?(?:think|search|information|answer)>)")
 _INFORMATION_BLOCK = re.compile(r"<information>(.*?)</information>", re.DOTALL)
@@ -44,8 +46,6 @@ _TRANSITIONS = {
     ("in_answer", "</answer>"): "end",
 }
 
-
-ACTION_PREFIXES = ("<search>", "<answer>")
 
 
 def check_format(response: str, action_prefix: str = "") -> tuple[bool, str]:
@@ -102,7 +102,7 @@ def compute_score_em(solution_str: str, ground_truth, structure_format_score: fl
         ground_truth: ``{"target": [...]}``, a list/array of answers, or one answer.
         structure_format_score, final_format_score, retrieval_score: the config keys
             ``reward_model.structure_format_score`` etc.
-        format_score: accepted for call compatibility with ``qa_em.compute_score_em``; unused, as
+        format_score: accepted for call compatibility with ``reward.compute_score_em``; unused, as
             in Search-R1.
         score: reward for a correct, well-formed answer.
         action_prefix: the tag a forced prompt prefix opened (``solution_str`` starts with it).

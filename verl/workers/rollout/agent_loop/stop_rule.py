@@ -1,4 +1,5 @@
-"""Where a turn that stopped on ``</search>`` or ``</answer>`` ends: exactly at the stop string.
+"""Where a turn that stopped on one of the environment's stop strings (``</search>``, ``</answer>``,
+``</tool_call>``) ends: exactly at the stop string.
 
 An engine stops on the token that completes a stop string, and byte-level BPE vocabularies merge
 the closing ``>`` with what usually follows it: SmolLM2 has ``><`` and ``>.``, Qwen2.5 ``>.``,

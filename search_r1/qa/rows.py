@@ -1,4 +1,4 @@
-"""Search-R1 training rows from FlashRAG QA rows: the one builder of the data scripts and the data loader.
+"""Training rows from FlashRAG QA rows: the one builder of the data scripts and the data loader.
 
 FlashRAG's QA files (the form Search-R1's data guide starts from) hold ``{"id", "question",
 "golden_answers": [str, ...]}`` per row, in ``<folder>/<data_source>/<split>.jsonl``. Search-R1's
@@ -10,21 +10,23 @@ rows carry the prompt already::
      "reward_model": {"style": "rule", "ground_truth": {"target": [answers]}},
      "extra_info": {"split": "train", "index": 17, "uid": "nq-train-17"}}
 
-``scripts/data_process/*`` write such rows to parquet with :func:`make_row`; the RL data loader
-applies :func:`from_flashrag` (as :data:`FLASHRAG_FORM`) to FlashRAG rows given directly as ``data.train_files`` (JSONL or
-parquet), so both routes give the same rows.
+The prompt messages are the environment's (``Environment.row_form``): ``scripts/data_process/*``
+write Search-R1's rows to parquet with :func:`make_row`; the RL data loader applies
+:func:`flashrag_form` to FlashRAG rows given directly as ``data.train_files`` (JSONL or parquet), so
+both routes give the same rows.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
-from search_r1.prompts import make_prefix
+from search_r1.qa.answers import QA_DATA_SOURCES
 from verl.utils.dataset.rl_rows import RowForm
-from verl.utils.reward_score import QA_DATA_SOURCES
 
 FLASHRAG_FIELDS = ("question", "golden_answers")
 DEFAULT_SOURCE = "nq"  # a QA name, so rows from any folder get the exact-match reward
+Messages = Callable[[str], list[dict]]
 
 
 def clean_answers(answers) -> list[str] | None:
@@ -47,11 +49,12 @@ def is_well_formed(row: dict) -> bool:
             and clean_answers(row.get("golden_answers")) is not None)
 
 
-def make_row(row: dict, index: int, data_source: str, split: str, template: str = "base") -> dict:
-    """One Search-R1 training/eval row (schema in the module docstring) from a well-formed FlashRAG row."""
+def make_row(row: dict, index: int, data_source: str, split: str, messages: Messages) -> dict:
+    """One training/eval row (schema in the module docstring) from a well-formed FlashRAG row;
+    ``messages(question)`` is the environment's prompt."""
     return {
         "data_source": data_source,
-        "prompt": [{"role": "user", "content": make_prefix(row["question"], template)}],
+        "prompt": messages(row["question"]),
         "ability": "fact-reasoning",
         "reward_model": {"style": "rule",
                          "ground_truth": {"target": clean_answers(row["golden_answers"])}},
@@ -59,25 +62,21 @@ def make_row(row: dict, index: int, data_source: str, split: str, template: str 
     }
 
 
-def from_flashrag(row: dict, path: str | Path, position: int, where: str) -> dict:
-    """The Search-R1 row of FlashRAG row number ``position`` of file ``path`` (as the data scripts
-    build it: Search-R1's template, split = the file's stem).
+def flashrag_form(messages: Messages) -> RowForm:
+    """The FlashRAG row form of an environment whose prompt is ``messages(question)``: row number
+    ``position`` of file ``path`` becomes the row the data scripts build (split = the file's stem).
 
     ``data_source`` is the row's own field, else the folder's name when it is a FlashRAG QA source
     (FlashRAG's ``<data_source>/<split>.jsonl`` layout, as the data scripts read it), else ``nq``;
     every QA source is scored by exact match.
-
-    Raises:
-        ValueError: no question or no answers (naming ``where``, the file and row or line).
     """
-    if not is_well_formed(row):
-        raise ValueError(f"{where}: a FlashRAG row needs a non-empty 'question' and 'golden_answers' "
-                         f"(a string or a list of strings), got {row!r:.200}")
-    path = Path(path)
-    folder = path.parent.name
-    source = row.get("data_source") or (folder if folder in QA_DATA_SOURCES else DEFAULT_SOURCE)
-    return make_row(row, position, str(source), path.stem)
+    def build(row: dict, path: str | Path, position: int, where: str) -> dict:
+        if not is_well_formed(row):
+            raise ValueError(f"{where}: a FlashRAG row needs a non-empty 'question' and 'golden_answers' "
+                             f"(a string or a list of strings), got {row!r:.200}")
+        path = Path(path)
+        folder = path.parent.name
+        source = row.get("data_source") or (folder if folder in QA_DATA_SOURCES else DEFAULT_SOURCE)
+        return make_row(row, position, str(source), path.stem, messages)
 
-
-FLASHRAG_FORM = RowForm("FlashRAG", FLASHRAG_FIELDS, from_flashrag)
-"""What the RL data loader accepts besides Search-R1 rows (:func:`verl.utils.dataset.rl_rows.read_rows`)."""
+    return RowForm("FlashRAG", FLASHRAG_FIELDS, build)

@@ -1,0 +1,151 @@
+"""Search-R1's environment: ``<search>``/``<answer>`` tags, ``<information>`` observations, EM reward.
+
+A turn ends at ``</search>`` or ``</answer>``; the first complete tag pair of its text is the
+action (``parsing.py``). A search's passages come back as Search-R1's observation text
+(``prompts.format_observation``), cut to ``data.max_obs_length`` tokens inside the passages so
+``</information>`` survives (``observation.py``); an unparsable turn gets Search-R1's invalid-action
+message. The reward is exact match on the last ``<answer>``, optionally format-aware
+(``reward.py``, ``reward_format.py``).
+
+Per-row counters: :data:`~search_r1.envs.search_tool.SEARCH_COUNTERS` (the trainer's ``env/*``
+metrics under Search-R1's names).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+
+from search_r1.envs.search_r1 import reward
+from search_r1.envs.search_r1.config import SearchR1Config
+from search_r1.envs.observation import ObservationEncoder
+from search_r1.envs.search_r1.parsing import ACTION_PREFIXES, STOP_STRINGS, extract_solution, parse_action
+from search_r1.envs.search_r1.prompts import (ENVIRONMENT_TEXT, INVALID_ACTION_MESSAGE, OBSERVATION_HEAD,
+                                             OBSERVATION_TAIL, format_passages, prompt_messages, question_of)
+from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchTool, search_metrics
+from search_r1.qa.answers import QA_DATA_SOURCES
+from search_r1.qa.rows import flashrag_form
+from verl.envs import Action, Environment, Observation, register_environment
+
+
+@register_environment
+class SearchR1Environment(Environment):
+    """Search-R1's multi-turn search task (``env.name=search_r1``, the default).
+
+    Args:
+        tokenizer: the policy's tokenizer.
+        tool: the :class:`~search_r1.envs.search_tool.SearchTool` (``SearchTool(None)``: no search).
+        max_obs_length: token budget of one observation, ``<information>`` wrapper included.
+        score_kwargs: the reward's knobs (``QARewardConfig.score_kwargs()``).
+    Raises:
+        ValueError: ``max_obs_length`` leaves no room for passages.
+    """
+
+    name = "search_r1"
+    config_class = SearchR1Config
+    environment_text = ENVIRONMENT_TEXT
+    counters = SEARCH_COUNTERS
+
+    def __init__(self, tokenizer, tool: SearchTool, max_obs_length: int, score_kwargs: Mapping | None = None) -> None:
+        super().__init__(tokenizer)
+        self.tool = tool
+        self.observations = ObservationEncoder(tokenizer, max_obs_length, OBSERVATION_HEAD, OBSERVATION_TAIL)
+        self.invalid_ids = self.observations.encode(INVALID_ACTION_MESSAGE)
+        self.score_kwargs = dict(score_kwargs or {})
+        self.max_concurrent_calls = tool.max_concurrency
+
+    @classmethod
+    def from_config(cls, config: SearchR1Config, tokenizer) -> "SearchR1Environment":
+        return cls(tokenizer, SearchTool.from_config(config), config.data.max_obs_length,
+                   config.reward_model.score_kwargs())
+
+    @classmethod
+    def check_ready(cls, config: SearchR1Config) -> None:
+        SearchTool.check_ready(config)
+
+    @classmethod
+    def describe(cls, config: SearchR1Config) -> dict:
+        return {**SearchTool.describe(config), "format_reward": config.reward_model.format_aware}
+
+    # ---- the turns ------------------------------------------------------------------------------
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        return STOP_STRINGS
+
+    def open_tag(self, prompt_ids: Sequence[int]) -> str:
+        """``<search>``/``<answer>`` when the prompt itself opens the action (a forced assistant prefix)."""
+        tail = self.tokenizer.decode(list(prompt_ids[-4:]), skip_special_tokens=False)
+        return next((tag for tag in ACTION_PREFIXES if tail.endswith(tag)), "")
+
+    def parse(self, text: str) -> Action:
+        action = parse_action(text)
+        counts = {"valid_action": int(action.valid), "valid_search": int(action.kind == "search")}
+        kind = {"search": "call", "answer": "final"}.get(action.kind)
+        return Action(kind, action.content, counts)
+
+    def invalid(self, action: Action) -> Observation:
+        return Observation(self.invalid_ids)
+
+    def call_tools(self, calls: list[Action]) -> list[Observation]:
+        return [self.render(docs) for docs in self.tool.search([call.content for call in calls])]
+
+    @contextlib.asynccontextmanager
+    async def tool_session(self) -> AsyncIterator[Callable[[Action], Awaitable[Observation]]]:
+        async with self.tool.session() as search:
+            async def call(action: Action) -> Observation:
+                return self.render(await search(action.content))
+            yield call
+
+    def render(self, docs: list[dict]) -> Observation:
+        """The observation of a search's passages (cut to the budget) and its counters."""
+        ids, cut = self.observations.wrap(format_passages(docs).strip())
+        return Observation(ids, {"obs_truncated": int(cut), "empty_search": int(not docs)})
+
+    # ---- scoring and reading trajectories ---------------------------------------------------------
+    def compute_score(self, data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs) -> dict:
+        return reward.compute_score(data_source, solution_str, ground_truth, extra_info, **self.score_kwargs, **kwargs)
+
+    def check_data_sources(self, sources: set[str]) -> list[str]:
+        return sorted(sources - QA_DATA_SOURCES)
+
+    def extract_answer(self, response: str) -> Optional[str]:
+        return extract_solution(response)
+
+    def question_of(self, prompt: str) -> str:
+        return question_of(prompt)
+
+    @classmethod
+    def metrics(cls, stats: Mapping[str, Optional[np.ndarray]], prefix: str = "env") -> dict[str, float]:
+        return search_metrics(stats, prefix)
+
+    # ---- data ------------------------------------------------------------------------------------
+    def row_form(self):
+        return flashrag_form(prompt_messages)
+
+    @classmethod
+    def report_writer(cls):
+        from search_r1.report import write_report
+        return write_report
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["observations"] = self.observations.without_cache()
+        return state
+
+
+def search_rollout(tokenizer, engine, retriever, loop, max_obs_length: int):
+    """The Search-R1 rollout outside the trainer (``infer.py``, the warm start's evaluation, benchmarks).
+
+    Args:
+        retriever: a retriever client (``retrieve``, and ``session`` for the async mode), or None
+            for no search.
+        loop: the :class:`~verl.workers.rollout.agent_loop.LoopConfig`.
+        max_obs_length: token budget of one observation.
+    Returns:
+        a :class:`~verl.workers.rollout.agent_loop.MultiTurnRollout`.
+    """
+    from verl.workers.rollout.agent_loop import MultiTurnRollout
+
+    return MultiTurnRollout(tokenizer, engine, SearchR1Environment(tokenizer, SearchTool(retriever), max_obs_length), loop)

@@ -1,0 +1,184 @@
+"""What the trainer needs from an environment: one small interface, no knowledge of any tool.
+
+An environment owns the text of a multi-turn task: its prompt form, the stop strings that end a
+turn, how a turn's text becomes an action, what its tools answer and how that answer is rendered as
+tokens, the reward of a finished trajectory, and its per-row statistics. The trainer's agent loop
+(:mod:`verl.workers.rollout.agent_loop`) owns the rest: budgets, turn order, token bookkeeping,
+sync/async scheduling and tensor packing.
+
+A run picks its environment by name (``env.name``, :mod:`verl.envs.registry`); the environment class
+carries the configuration class of a run with it (its own sections beside the trainer's).
+"""
+
+from __future__ import annotations
+
+import abc
+import contextlib
+import asyncio
+import re
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping, Optional, Sequence
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Which environment the run trains in (``env``)."""
+
+    name: str = "search_r1"
+    """registered environment: `search_r1` (Search-R1's tags) or `tool_call` (the chat template's tool calls)"""
+    module: Optional[str] = "search_r1.envs"
+    """module imported first, which registers environments (this project's registers both; `null`: only
+    the `verl.environments` entry points of installed packages are searched)"""
+
+
+@dataclass(frozen=True)
+class Action:
+    """What one turn asked for.
+
+    Attributes:
+        kind: ``"call"`` (a tool call, run between turns), ``"final"`` (the answer: ends the row) or
+            ``None`` (invalid: the environment's corrective observation is appended).
+        content: the call's argument (e.g. a query) or the answer text.
+        counts: per-row counters this action adds (keys of ``Environment.counters``).
+    """
+
+    kind: Optional[str]
+    content: Any = None
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Environment tokens appended to a trajectory (``response_mask`` 0) and the counters they add."""
+
+    ids: list[int]
+    counts: Mapping[str, int] = field(default_factory=dict)
+
+
+class Environment(abc.ABC):
+    """A multi-turn task the agent loop runs; subclasses are registered by name.
+
+    Class attributes:
+        name: the registry name (``env.name``).
+        config_class: the run's configuration class (``PPOConfig`` or a subclass adding this
+            environment's sections); ``verl.trainer.ppo.config.load_config`` types the tree with it.
+        environment_text: matches the text the environment writes into a trajectory (SFT data
+            masks it out of the loss).
+        counters: per-row integer statistics the environment's actions and observations count.
+
+    Instances are bound to a tokenizer and picklable (the async loop sends them to the workers).
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+    environment_text: ClassVar[re.Pattern]
+    counters: ClassVar[tuple[str, ...]] = ()
+    max_concurrent_calls: int = 0
+    """tool calls in flight at once in the async loop (0: no cap); the loop splits it over workers"""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    # ---- built from a run's configuration ------------------------------------------------------
+    @classmethod
+    @abc.abstractmethod
+    def from_config(cls, config, tokenizer) -> "Environment":
+        """The environment of a run (``config`` an instance of ``config_class``)."""
+
+    @classmethod
+    def check_ready(cls, config) -> None:
+        """Fail fast (before any worker starts) when a tool the run calls is not reachable.
+
+        Raises:
+            ValueError: one line naming the setting and what failed.
+        """
+
+    # ---- the turns ------------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def stop_strings(self) -> tuple[str, ...]:
+        """Strings that end a turn (kept in the output)."""
+
+    def open_tag(self, prompt_ids: Sequence[int]) -> str:
+        """The action a prompt itself opened (a forced assistant prefix), or ``""``; the first turn
+        is parsed as its continuation and the reward scores ``open_tag + response``."""
+        return ""
+
+    @abc.abstractmethod
+    def parse(self, text: str) -> Action:
+        """The action of one turn's generated text (the first turn's text starts with the
+        prompt's :meth:`open_tag`)."""
+
+    @abc.abstractmethod
+    def invalid(self, action: Action) -> Observation:
+        """What the environment answers to an invalid action."""
+
+    @abc.abstractmethod
+    def call_tools(self, calls: list[Action]) -> list[Observation]:
+        """Run a turn's tool calls at once (the sync loop); one observation per call, in order.
+
+        Raises:
+            an error of the tool that failed for good (the step fails, naming the tool).
+        """
+
+    @contextlib.asynccontextmanager
+    async def tool_session(self) -> AsyncIterator[Callable[[Action], Awaitable[Observation]]]:
+        """``async call(action) -> Observation`` for one async rollout (one call per trajectory
+        turn), entered on an event loop of its own thread. The default runs :meth:`call_tools` in
+        a worker thread; environments with an async client override it (one connection pool)."""
+        async def call(action: Action) -> Observation:
+            (observation,) = await asyncio.to_thread(self.call_tools, [action])
+            return observation
+        yield call
+
+    # ---- scoring and reading trajectories ---------------------------------------------------------
+    @abc.abstractmethod
+    def compute_score(self, data_source: str, solution_str: str, ground_truth, extra_info=None,
+                      **kwargs) -> float | dict:
+        """Reward of one decoded response: a float or ``{"score", ...}`` (other keys are per-row
+        extras, e.g. ``em``). ``kwargs`` may hold ``action_prefix`` (see :meth:`open_tag`)."""
+
+    def check_data_sources(self, sources: set[str]) -> list[str]:
+        """The ``data_source`` values among ``sources`` that :meth:`compute_score` cannot score."""
+        return []
+
+    @classmethod
+    def describe(cls, config) -> dict:
+        """The environment's settings as the evaluation report records them; ``summary`` (a phrase
+        for the table's title) and ``format_reward`` (the table shows the format score) when it has them."""
+        return {}
+
+    def extract_answer(self, response: str) -> Optional[str]:
+        """The final answer written in a decoded response (validation records), or None."""
+        return None
+
+    def question_of(self, prompt: str) -> str:
+        """The question of a decoded prompt (validation records)."""
+        return prompt.strip()
+
+    @classmethod
+    def metrics(cls, stats: Mapping[str, Optional[np.ndarray]], prefix: str = "env") -> dict[str, float]:
+        """``<prefix>/*`` figures from per-row statistics (the loop's ``turns``, ``finished`` and
+        this environment's counters), each a mean over rows."""
+        return {}
+
+    # ---- data ------------------------------------------------------------------------------------
+    def row_form(self):
+        """Another row form the data loader accepts (``verl.utils.dataset.rl_rows.RowForm``), or None."""
+        return None
+
+    def prompt_messages(self, row: dict, messages: list[dict]) -> list[dict]:
+        """The chat messages of a data row (default: the row's own ``prompt``)."""
+        return messages
+
+    def chat_template_kwargs(self) -> dict:
+        """Extra arguments of ``tokenizer.apply_chat_template`` for prompts (e.g. ``tools``)."""
+        return {}
+
+    @classmethod
+    def report_writer(cls):
+        """``write(records, path, title, label, *, table, max_questions, details)`` writing the HTML
+        report of validation/evaluation records, or None when the environment has none."""
+        return None
