@@ -13,8 +13,8 @@ carries the configuration class of a run with it (its own sections beside the tr
 from __future__ import annotations
 
 import abc
-import contextlib
 import asyncio
+import contextlib
 import re
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping, Optional, Sequence

@@ -59,13 +59,11 @@ class ForwardLayout:
     compiled_token_stats: bool = False
 
     @classmethod
-    def for_model(cls, model_config: Any, model: nn.Module, compiled_token_stats: bool = False,
-                  **speed_options: Any) -> "ForwardLayout":
+    def for_model(cls, model_config: Any, model: nn.Module, compiled_token_stats: bool = False) -> "ForwardLayout":
         """The layout a loaded model supports, from its ``model`` config node.
 
         ``share_prompts`` is kept only with packing and sdpa/eager attention; when the config asks
         for it and the model's attention (flash/varlen) takes no custom mask, that is logged once.
-        ``speed_options`` (``logits_chunk_size``, ``packed_row_multiple``) are for benchmarks.
         """
         share = model_config.share_prompts and model_config.use_remove_padding
         if share and not supports_custom_mask(model):
@@ -74,7 +72,7 @@ class ForwardLayout:
             share = False
         return cls(use_remove_padding=model_config.use_remove_padding,
                    max_packed_row_len=model_config.max_packed_row_len or 0, share_prompts=share,
-                   compiled_token_stats=compiled_token_stats, **speed_options)
+                   compiled_token_stats=compiled_token_stats)
 
 
 def forward_log_probs(model: nn.Module, micro: Any, temperature: float, layout: ForwardLayout,
