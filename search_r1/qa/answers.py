@@ -1,13 +1,21 @@
 """Answer matching for open-domain QA, as in Search-R1 (and DPR/FlashRAG evaluation).
 
 Normalisation is SQuAD's (Rajpurkar et al., 2016, official evaluation script): lower-case, drop
-punctuation, drop the articles a/an/the, collapse whitespace.
+punctuation, drop the articles a/an/the, collapse whitespace. Three matches of a prediction against
+the gold answers, each the best over the gold answers:
+
+* exact match (:func:`em_check`): the normalised strings are equal;
+* cover-EM (:func:`subem_check`, FlashRAG's ``sub_em``): a normalised gold answer occurs inside the
+  normalised prediction;
+* token F1 (:func:`f1_score`, SQuAD's): the harmonic mean of precision and recall of the
+  prediction's normalised words against the gold answer's (a bag of words).
 """
 
 from __future__ import annotations
 
 import re
 import string
+from collections import Counter
 from typing import Iterable, Sequence
 
 import numpy as np
@@ -89,6 +97,34 @@ def subem_check(prediction: str, golden_answers) -> int:
         if gold_words and f" {gold_words} " in f" {normalize_answer(prediction, False)} ":
             return 1
     return 0
+
+
+def cover_em_check(prediction: str, golden_answers) -> int:
+    """Cover-EM: 1 when a gold answer is contained in the normalised prediction (:func:`subem_check`)."""
+    return subem_check(prediction, golden_answers)
+
+
+def f1_score(prediction: str, golden_answers) -> float:
+    """SQuAD token F1 of ``prediction``, the best over the gold answers.
+
+    Per gold answer ``g``: with ``common`` the multiset intersection of the normalised words of the
+    prediction ``p`` and of ``g``, ``precision = |common| / |p|``, ``recall = |common| / |g|`` and
+    ``F1 = 2 * precision * recall / (precision + recall)`` (0 when nothing is shared). A gold
+    answer that is only an article is compared with the articles kept (as :func:`em_check`); a
+    prediction that normalises to nothing scores 0.
+    """
+    best = 0.0
+    for gold in as_answer_list(golden_answers):
+        keep_articles = not normalize_answer(gold)
+        pred_words = normalize_answer(prediction, not keep_articles).split()
+        gold_words = normalize_answer(gold, not keep_articles).split()
+        if not pred_words or not gold_words:
+            continue
+        same = sum((Counter(pred_words) & Counter(gold_words)).values())
+        if same:
+            precision, recall = same / len(pred_words), same / len(gold_words)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
 
 
 def any_in(golden_answers: Sequence[str], texts: Iterable[str]) -> bool:

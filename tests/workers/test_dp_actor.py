@@ -139,3 +139,18 @@ def test_nonfinite_grad_skips_step(model, batch_factory):
     metrics = actor.update_policy(data, 1.0)
     assert metrics["actor/grad_norm_nonfinite"] == 1.0
     assert all(torch.equal(before[k], v) for k, v in clone.named_parameters())
+
+
+def test_llds_term_joins_the_actor_loss(model, batch_factory):
+    """With ``llds.coef`` the update changes (the LLDS term's gradient) and reports the term; micro-
+    batching still equals one pass over the mini-batch."""
+    data = _with_old_log_probs(model, batch_factory(num_rows=6, seed=7))
+    common = dict(grad_clip=0.0, llds={"coef": 0.5, "gate": "action"})
+    full, metrics = _updated_params(model, data, ppo_micro_batch_size_per_gpu=6, **common)
+    accum, accum_metrics = _updated_params(model, data, ppo_micro_batch_size_per_gpu=3, **common)
+    plain, plain_metrics = _updated_params(model, data, ppo_micro_batch_size_per_gpu=6, grad_clip=0.0)
+    assert metrics["actor/llds_loss"] > 0 and 0 < metrics["actor/llds_active_tokens"] < 1
+    assert "actor/llds_loss" not in plain_metrics
+    assert any(not torch.equal(full[k], plain[k]) for k in full), "the LLDS term changed nothing"
+    for name in full:
+        torch.testing.assert_close(accum[name], full[name], atol=1e-6, rtol=1e-5, msg=name)

@@ -2,7 +2,8 @@
 
 Modules (one job each): ``masked`` (masked statistics, loss aggregation), ``advantage`` (estimator
 registry), ``policy_loss`` (policy-loss registry, value loss), ``kl`` (KL estimators and
-controllers, entropy), ``importance_sampling`` (rollout/trainer truncated IS). This package sits
+controllers, entropy), ``importance_sampling`` (rollout/trainer truncated IS), ``llds`` (the
+likelihood-preserving regulariser of the actor loss). This package sits
 below the workers and the trainer, which both import it.
 
 Add an estimator or a policy loss by name with ``@register_adv_est("name", needs_groups=...)`` /
@@ -20,6 +21,7 @@ from verl.algorithms.advantage import (
     AdvantageEstimator,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
+    compute_reinforce_outcome_advantage,
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_rloo_outcome_advantage,
@@ -27,6 +29,7 @@ from verl.algorithms.advantage import (
     get_adv_estimator,
     get_adv_estimator_fn,
     register_adv_est,
+    returns_to_go,
 )
 from verl.algorithms.importance_sampling import TIS_LEVELS, TIS_MODES, compute_rollout_is_weights
 from verl.algorithms.kl import (
@@ -39,6 +42,7 @@ from verl.algorithms.kl import (
     get_kl_controller,
     kl_penalty,
 )
+from verl.algorithms.llds import LLDS_GATES, compute_llds_loss
 from verl.algorithms.masked import LOSS_AGG_MODES, agg_loss, masked_mean, masked_sum, masked_var, masked_whiten
 from verl.algorithms.policy_loss import (
     POLICY_LOSS_REGISTRY,
@@ -79,12 +83,13 @@ def compute_advantage(data: Any, adv_estimator: str, gamma: float = 1.0, lam: fl
 
 __all__ = [
     "ADV_ESTIMATOR_REGISTRY", "POLICY_LOSS_REGISTRY", "KL_ESTIMATORS", "KL_CONTROLLERS", "LOSS_AGG_MODES",
-    "TIS_LEVELS", "TIS_MODES", "AdvantageEstimator", "PolicyLoss",
+    "TIS_LEVELS", "TIS_MODES", "LLDS_GATES", "AdvantageEstimator", "PolicyLoss",
     "register_adv_est", "get_adv_estimator", "get_adv_estimator_fn", "register_policy_loss", "get_policy_loss",
     "get_policy_loss_fn",
     "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage",
-    "compute_reinforce_plus_plus_outcome_advantage", "compute_reinforce_plus_plus_baseline_outcome_advantage",
-    "credit_rewards_to_actions", "compute_advantage",
+    "compute_reinforce_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage", "credit_rewards_to_actions", "returns_to_go",
+    "compute_advantage", "compute_llds_loss",
     "masked_sum", "masked_mean", "masked_var", "masked_whiten", "agg_loss",
     "compute_policy_loss_vanilla", "compute_policy_loss_gspo", "compute_value_loss",
     "compute_entropy_from_logits", "kl_penalty", "FixedKLController", "AdaptiveKLController",

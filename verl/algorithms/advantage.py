@@ -143,6 +143,45 @@ def compute_gae_advantage_return(
     return advantages, returns
 
 
+def returns_to_go(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float = 1.0) -> torch.Tensor:
+    """Discounted return-to-go in action time: ``G_t = r_t + gamma * G_{t+1}`` over action tokens.
+
+    ``(batch, response_len)`` in and out, 0 off the mask; rewards on observation tokens are first
+    credited to the action before them (:func:`credit_rewards_to_actions`).
+    """
+    _check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
+    mask = response_mask.to(token_level_rewards.dtype)
+    rewards = credit_rewards_to_actions(token_level_rewards, mask)
+    running = torch.zeros_like(rewards[:, 0])
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[-1])):
+        m = mask[:, t]
+        running = m * (rewards[:, t] + gamma * running) + (1 - m) * running
+        returns[:, t] = running
+    return returns * mask
+
+
+@register_adv_est("reinforce")
+def compute_reinforce_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE (Williams 1992, "Simple statistical gradient-following algorithms", eq. 11 with
+    baseline b = 0): the advantage of an action token is its return-to-go, ``A_t = G_t``
+    (:func:`returns_to_go`; with an outcome reward and gamma = 1 every token of a row gets the
+    row's score). No critic, no group baseline, no whitening: the estimator Xu et al. 2026 ("How to
+    Train Your Deep Research Agent?", arXiv:2602.19526, sec. 5) find better than PPO and more stable
+    than GRPO for Search-R1. The stored copies of that paper did not show which baseline, if any,
+    its REINFORCE used; this is the plain estimator (``reinforce_plus_plus_baseline`` and ``rloo``
+    are the group-baseline variants). Returns ``(advantages, returns)``, equal.
+    """
+    returns = returns_to_go(token_level_rewards, response_mask, gamma)
+    return returns, returns
+
+
 @register_adv_est("reinforce_plus_plus")
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -156,16 +195,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
     ``G_t = r_t + gamma * G_{t+1}`` over action tokens; advantages = ``masked_whiten(G)``.
     Returns ``(advantages, returns)``, both ``(batch, response_len)`` and 0 off the mask.
     """
-    _check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
-    mask = response_mask.to(token_level_rewards.dtype)
-    rewards = credit_rewards_to_actions(token_level_rewards, mask)
-    running = torch.zeros_like(rewards[:, 0])
-    returns = torch.zeros_like(rewards)
-    for t in reversed(range(rewards.shape[-1])):
-        m = mask[:, t]
-        running = m * (rewards[:, t] + gamma * running) + (1 - m) * running
-        returns[:, t] = running
-    returns = returns * mask
+    returns = returns_to_go(token_level_rewards, response_mask, gamma)
+    mask = response_mask.to(returns.dtype)
     advantages = masked_whiten(returns, mask) * mask
     return advantages, returns
 

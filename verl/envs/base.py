@@ -75,6 +75,13 @@ class Environment(abc.ABC):
     config_class: ClassVar[type]
     environment_text: ClassVar[re.Pattern]
     counters: ClassVar[tuple[str, ...]] = ()
+    health_rules: ClassVar[Mapping[str, tuple[str, float]]] = {}
+    """alarm rules of :meth:`health` signals: name -> (kind, threshold), kind ``rise`` / ``fall``
+    (the step's mean moved up / down by more than the threshold from its mean over the run's first
+    steps) or ``grow`` (the mean divided by that start exceeds the threshold); see
+    :mod:`verl.trainer.ppo.health`"""
+    health_by_source: ClassVar[tuple[str, ...]] = ()
+    """:meth:`health` signals also reported per data source (``health/<name>/<data_source>``)"""
     max_concurrent_calls: int = 0
     """tool calls in flight at once in the async loop (0: no cap); the loop splits it over workers"""
 
@@ -162,6 +169,13 @@ class Environment(abc.ABC):
     def metrics(cls, stats: Mapping[str, Optional[np.ndarray]], prefix: str = "env") -> dict[str, float]:
         """``<prefix>/*`` figures from per-row statistics (the loop's ``turns``, ``finished`` and
         this environment's counters), each a mean over rows."""
+        return {}
+
+    def health(self, responses: Sequence[str]) -> dict[str, np.ndarray]:
+        """Text-level signals of training health: per-row float arrays ``(B,)`` by name (NaN where
+        a signal does not apply to a row), computed on every training step's decoded responses
+        (each starting with its :meth:`open_tag`); the trainer logs their means as ``health/<name>``
+        and watches them with :attr:`health_rules`. Default: none."""
         return {}
 
     # ---- data ------------------------------------------------------------------------------------

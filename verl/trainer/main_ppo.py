@@ -41,7 +41,8 @@ def run_ppo(config: PPOConfig) -> dict:
         metrics = trainer.fit()
     finally:
         trainer.shutdown()
-    print("\n" + closing_summary(config, trainer.global_step, trainer.total_steps, metrics), flush=True)
+    print("\n" + closing_summary(config, trainer.global_step, trainer.total_steps, metrics, trainer.health.summary()),
+          flush=True)
     return metrics
 
 

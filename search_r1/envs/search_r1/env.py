@@ -5,7 +5,9 @@ action (``parsing.py``). A search's passages come back as Search-R1's observatio
 (``prompts.format_observation``), cut to ``data.max_obs_length`` tokens inside the passages so
 ``</information>`` survives (``observation.py``); an unparsable turn gets Search-R1's invalid-action
 message. The reward is exact match on the last ``<answer>``, optionally format-aware
-(``reward.py``, ``reward_format.py``).
+(``reward.py``, ``reward_format.py``), or token F1 with action-level penalties (``style=f1``).
+``prompt.*`` re-renders each row's question at load time (another template, the search budget
+stated); ``health`` gives the trainer its text-level signals (``health.py``).
 
 Per-row counters: :data:`~search_r1.envs.search_tool.SEARCH_COUNTERS` (the trainer's ``env/*``
 metrics under Search-R1's names).
@@ -18,16 +20,18 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequen
 
 import numpy as np
 
-from search_r1.envs.search_r1 import reward
-from search_r1.envs.search_r1.config import SearchR1Config
+from search_r1.envs.search_r1 import health, reward
+from search_r1.envs.search_r1.config import PromptConfig, SearchR1Config
 from search_r1.envs.observation import ObservationEncoder
 from search_r1.envs.search_r1.parsing import ACTION_PREFIXES, STOP_STRINGS, extract_solution, parse_action
 from search_r1.envs.search_r1.prompts import (ENVIRONMENT_TEXT, INVALID_ACTION_MESSAGE, OBSERVATION_HEAD,
-                                             OBSERVATION_TAIL, format_passages, prompt_messages, question_of)
+                                             OBSERVATION_TAIL, format_passages, prompt_messages, question_of,
+                                             template_of)
 from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchTool, search_metrics
 from search_r1.qa.answers import QA_DATA_SOURCES
 from search_r1.qa.rows import flashrag_form
 from verl.envs import Action, Environment, Observation, register_environment
+from verl.utils.config import ConfigError
 
 
 @register_environment
@@ -39,6 +43,8 @@ class SearchR1Environment(Environment):
         tool: the :class:`~search_r1.envs.search_tool.SearchTool` (``SearchTool(None)``: no search).
         max_obs_length: token budget of one observation, ``<information>`` wrapper included.
         score_kwargs: the reward's knobs (``QARewardConfig.score_kwargs()``).
+        prompt: how rows' prompts are re-rendered (``PromptConfig``; default: as written).
+        max_turns: the search budget a re-rendered prompt states (``prompt.state_search_budget``).
     Raises:
         ValueError: ``max_obs_length`` leaves no room for passages.
     """
@@ -47,19 +53,24 @@ class SearchR1Environment(Environment):
     config_class = SearchR1Config
     environment_text = ENVIRONMENT_TEXT
     counters = SEARCH_COUNTERS
+    health_rules = health.HEALTH_RULES
+    health_by_source = ("searches",)
 
-    def __init__(self, tokenizer, tool: SearchTool, max_obs_length: int, score_kwargs: Mapping | None = None) -> None:
+    def __init__(self, tokenizer, tool: SearchTool, max_obs_length: int, score_kwargs: Mapping | None = None,
+                 prompt: PromptConfig | None = None, max_turns: int | None = None) -> None:
         super().__init__(tokenizer)
         self.tool = tool
         self.observations = ObservationEncoder(tokenizer, max_obs_length, OBSERVATION_HEAD, OBSERVATION_TAIL)
         self.invalid_ids = self.observations.encode(INVALID_ACTION_MESSAGE)
         self.score_kwargs = dict(score_kwargs or {})
         self.max_concurrent_calls = tool.max_concurrency
+        self.prompt = prompt or PromptConfig()
+        self.search_budget = max_turns if self.prompt.state_search_budget else None
 
     @classmethod
     def from_config(cls, config: SearchR1Config, tokenizer) -> "SearchR1Environment":
         return cls(tokenizer, SearchTool.from_config(config), config.data.max_obs_length,
-                   config.reward_model.score_kwargs())
+                   config.reward_model.score_kwargs(), config.prompt, config.max_turns)
 
     @classmethod
     def check_ready(cls, config: SearchR1Config) -> None:
@@ -67,7 +78,9 @@ class SearchR1Environment(Environment):
 
     @classmethod
     def describe(cls, config: SearchR1Config) -> dict:
-        return {**SearchTool.describe(config), "format_reward": config.reward_model.format_aware}
+        return {**SearchTool.describe(config), "format_reward": config.reward_model.format_aware,
+                "reward": config.reward_model.style, "prompt_template": config.prompt.template or "as written",
+                "states_search_budget": config.prompt.state_search_budget}
 
     # ---- the turns ------------------------------------------------------------------------------
     @property
@@ -120,9 +133,30 @@ class SearchR1Environment(Environment):
     def metrics(cls, stats: Mapping[str, Optional[np.ndarray]], prefix: str = "env") -> dict[str, float]:
         return search_metrics(stats, prefix)
 
+    def health(self, responses: Sequence[str]) -> dict[str, np.ndarray]:
+        return health.health_signals(responses)
+
     # ---- data ------------------------------------------------------------------------------------
     def row_form(self):
         return flashrag_form(prompt_messages)
+
+    def prompt_messages(self, row: dict, messages: list[dict]) -> list[dict]:
+        """A row's user turn re-rendered under ``prompt.template`` (its own template when null) and
+        with the search budget stated when ``prompt.state_search_budget``; as written otherwise.
+
+        Raises:
+            ConfigError: a re-rendering was asked for and the row's prompt is not one user turn
+                written with one of Search-R1's templates.
+        """
+        if not self.prompt.rewrites:
+            return messages
+        found = template_of(str(messages[0].get("content", ""))) if len(messages) == 1 else None
+        if found is None:
+            raise ConfigError(f"prompt.template={self.prompt.template} / prompt.state_search_budget="
+                              f"{str(self.prompt.state_search_budget).lower()}: the row's prompt is not one user turn "
+                              f"written with a Search-R1 template, so it cannot be re-rendered: {messages!r:.160}")
+        written_with, question = found
+        return prompt_messages(question, self.prompt.template or written_with, self.search_budget)
 
     @classmethod
     def report_writer(cls):

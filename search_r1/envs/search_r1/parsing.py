@@ -59,6 +59,13 @@ def split_reasoning(text: str) -> tuple[list[str], str]:
     return blocks, THINK_RE.sub(" ", text).strip()
 
 
+def count_searches(response: str) -> int:
+    """The searches a response made: complete ``<search>q</search>`` with a non-empty query, in the
+    model's text (the loop's ``<information>`` blocks and messages are not the model's)."""
+    text = ENVIRONMENT_TEXT.sub(" ", response)
+    return sum(1 for kind, content in ACTION_RE.findall(text) if kind == "search" and content.strip())
+
+
 def extract_solution(response: str) -> str | None:
     """Stripped text of the last complete ``<answer>...</answer>`` of a response, or None.
 

@@ -24,7 +24,7 @@ from search_r1.envs.observation import ObservationEncoder
 from search_r1.envs.search_r1.prompts import format_passages, question_of, template_question
 from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchRunConfig, SearchTool, search_metrics
 from search_r1.envs.tool_call import prompts
-from search_r1.qa.answers import QA_DATA_SOURCES, em_check, score_answer
+from search_r1.qa.answers import QA_DATA_SOURCES, cover_em_check, em_check, f1_score, score_answer
 from search_r1.qa.rows import flashrag_form
 from verl.envs import Action, Environment, Observation, register_environment
 from verl.workers.reward_manager.config import RewardModelConfig
@@ -137,7 +137,8 @@ class ToolCallEnvironment(Environment):
 
     # ---- scoring and reading trajectories ---------------------------------------------------------
     def compute_score(self, data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs) -> dict:
-        """Exact match of the last ``<answer>`` (1 or 0), as ``score`` and ``em``.
+        """Exact match of the last ``<answer>`` (1 or 0), as ``score`` and ``em``, with the answer's
+        token F1 (``f1``) and cover-EM (``cover_em``) beside them.
 
         Raises:
             NotImplementedError: ``data_source`` is not a QA set.
@@ -145,8 +146,10 @@ class ToolCallEnvironment(Environment):
         if data_source not in QA_DATA_SOURCES:
             raise NotImplementedError(
                 f"no reward function for data_source {data_source!r}; known: {sorted(QA_DATA_SOURCES)}")
-        em = score_answer(prompts.last_answer(solution_str), ground_truth, match=em_check)
-        return {"score": em, "em": em}
+        answer = prompts.last_answer(solution_str)
+        em = score_answer(answer, ground_truth, match=em_check)
+        f1 = f1_score(answer, ground_truth) if answer is not None else 0.0
+        return {"score": em, "em": em, "f1": f1, "cover_em": score_answer(answer, ground_truth, match=cover_em_check)}
 
     def check_data_sources(self, sources: set[str]) -> list[str]:
         return sorted(sources - QA_DATA_SOURCES)

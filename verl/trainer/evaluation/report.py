@@ -1,10 +1,13 @@
-"""The evaluation table: per-source EM with 95% bootstrap intervals, their average, comparisons.
+"""The evaluation table: per-source EM with 95% bootstrap intervals, F1 and cover-EM beside it,
+their averages, comparisons.
 
 Input: the per-question records of validation (:mod:`verl.trainer.ppo.validation`). Output: a
 JSON-able dict (``sources``, ``average``, ``pooled``, ``questions``) and its Markdown table.
 Sources are listed in Search-R1 Table 2's order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue,
 Bamboogle), others after them by name. ``average`` is that table's "Avg.": the mean of the
 per-source EMs, every source weighted equally; ``pooled`` is the plain mean over all questions.
+F1 (SQuAD token F1) and cover-EM (a gold answer contained in the normalised answer) are shown when
+the records carry them (``f1``, ``cover_em``: the QA rewards report both), averaged the same way.
 """
 
 from __future__ import annotations
@@ -40,6 +43,10 @@ def _seed(source: str, seed: int) -> int:
     return (seed + zlib.crc32(source.encode())) % (2**32)
 
 
+# Answer matches shown beside EM when every record has them: record key -> column title.
+SECONDARY = {"f1": "F1", "cover_em": "cover-EM"}
+
+
 def row_em(record: dict) -> float:
     """The record's exact match (its reward when the reward manager reported no EM)."""
     return float(record["em"] if "em" in record else record["score"])
@@ -51,12 +58,13 @@ def summarise(records: list[dict], format_reward: bool, num_resamples: int = sta
 
     Args:
         records: dicts with ``data_source``, ``question``, ``em`` (or ``score``), ``score``,
-            ``valid_search``, ``response_tokens``, ``answer``.
+            ``valid_search``, ``response_tokens``, ``answer``, and optionally ``f1``, ``cover_em``.
         format_reward: the format reward is on; the table then shows the mean reward (``score``).
     Returns:
-        ``{"sources": {source: {count, em, em_ci, searches, response_tokens, answered[, score]}},
-        "average": {em, em_ci, definition, num_sources}, "pooled": {count, em}, "questions":
-        [[source, question key, em], ...], "format_reward", "confidence", "num_resamples"}``.
+        ``{"sources": {source: {count, em, em_ci, searches, response_tokens, answered[, score][, f1,
+        cover_em]}}, "average": {em, em_ci, definition, num_sources[, f1, cover_em]}, "pooled": {count,
+        em}, "questions": [[source, question key, em], ...], "format_reward", "confidence",
+        "num_resamples"}`` (``f1``/``cover_em`` when every record has them).
     Raises:
         ValueError: no records.
     """
@@ -65,12 +73,16 @@ def summarise(records: list[dict], format_reward: bool, num_resamples: int = sta
     by_source: dict[str, list[dict]] = defaultdict(list)
     for record in records:
         by_source[str(record["data_source"])].append(record)
-    sources = {name: _source_row(by_source[name], format_reward, num_resamples, confidence, _seed(name, seed))
+    secondary = [key for key in SECONDARY if all(key in r for r in records)]
+    sources = {name: _source_row(by_source[name], format_reward, num_resamples, confidence, _seed(name, seed),
+                                 secondary)
                for name in ordered_sources(by_source)}
     groups = [[row_em(r) for r in by_source[name]] for name in sources]
     average = {"em": stats.average_of_means(groups),
                "em_ci": list(stats.average_interval(groups, num_resamples, confidence, seed)),
                "num_sources": len(groups), "definition": AVERAGE_DEFINITION}
+    for key in secondary:
+        average[key] = float(np.mean([row[key] for row in sources.values()]))
     if format_reward:
         average["score"] = float(np.mean([row["score"] for row in sources.values()]))
     return {"sources": sources, "average": average,
@@ -79,10 +91,12 @@ def summarise(records: list[dict], format_reward: bool, num_resamples: int = sta
             "format_reward": bool(format_reward), "confidence": confidence, "num_resamples": num_resamples}
 
 
-def _source_row(rows: list[dict], format_reward: bool, num_resamples: int, confidence: float, seed: int) -> dict:
+def _source_row(rows: list[dict], format_reward: bool, num_resamples: int, confidence: float, seed: int,
+                secondary: list[str] = ()) -> dict:
     ems = [row_em(r) for r in rows]
     row = {"count": len(rows), "em": float(np.mean(ems)),
            "em_ci": list(stats.mean_interval(ems, num_resamples, confidence, seed)),
+           **{key: float(np.mean([float(r[key]) for r in rows])) for key in secondary},
            "searches": float(np.mean([r.get("valid_search", 0) for r in rows])),
            "response_tokens": float(np.mean([r.get("response_tokens", 0) for r in rows])),
            "answered": float(np.mean([r.get("answer") is not None for r in rows]))}
@@ -99,17 +113,20 @@ def to_markdown(report: dict) -> str:
     """The table of :func:`summarise` as Markdown (the average row last, with its definition)."""
     score = report["format_reward"]
     pct = f"{report['confidence']:.0%}"
-    head = ["source", "questions", "EM", f"EM {pct} CI"] + (["score"] if score else []) + [
-        "searches / question", "response tokens", "answered"]
+    avg = report["average"]
+    secondary = [key for key in SECONDARY if key in avg]
+    head = ["source", "questions", "EM", f"EM {pct} CI"] + [SECONDARY[k] for k in secondary] + (
+        ["score"] if score else []) + ["searches / question", "response tokens", "answered"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in report["sources"].items():
         cells = [name, str(row["count"]), f"{row['em']:.3f}", _interval(row["em_ci"])]
+        cells += [f"{row[k]:.3f}" for k in secondary]
         cells += [f"{row['score']:.3f}"] if score else []
         cells += [f"{row['searches']:.2f}", f"{row['response_tokens']:.1f}", f"{row['answered']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    avg = report["average"]
     cells = [f"**average** ({avg['num_sources']} sources)", str(report["pooled"]["count"]), f"**{avg['em']:.3f}**",
-             _interval(avg["em_ci"])] + ([f"{avg['score']:.3f}"] if score else []) + ["", "", ""]
+             _interval(avg["em_ci"])] + [f"{avg[k]:.3f}" for k in secondary] + (
+        [f"{avg['score']:.3f}"] if score else []) + ["", "", ""]
     lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
     lines.append(f"average = {avg['definition']}. Pooled over all {report['pooled']['count']} questions: "

@@ -10,6 +10,8 @@ Layout (veRL's, so its tools find it)::
             trainer_state.json  global step, data-sampler position, KL coefficient, controller RNG,
                                 what it was trained on (``train_data``: the train files and their hashes)
         latest_checkpointed_iteration.txt
+        best_checkpoint.json  with ``trainer.keep_best``: {"step", "metric", "value"} of the best
+                              validation so far; that step folder is never pruned
 
 Why atomic: a crash while saving must never leave a folder that looks complete. Everything is
 written under ``.global_step_N.tmp``; ``trainer_state.json`` is written last; then the folder is
@@ -28,13 +30,14 @@ import random
 import re
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 import torch
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
 STATE_FILE = "trainer_state.json"
+BEST_FILE = "best_checkpoint.json"
 _STEP_DIR = re.compile(r"^global_step_(\d+)$")
 
 
@@ -67,7 +70,8 @@ def restore_controller_rng(state: dict) -> None:
 
 
 def save_checkpoint(root: str | os.PathLike, step: int, trainer_state: dict,
-                    save_workers: Callable[[Path], None], max_to_keep: int | None = None) -> Path:
+                    save_workers: Callable[[Path], None], max_to_keep: int | None = None,
+                    keep: Iterable[int] = ()) -> Path:
     """Write ``global_step_<step>`` atomically and point ``latest`` at it.
 
     Args:
@@ -75,6 +79,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, trainer_state: dict,
         trainer_state: JSON-serialisable controller state (sampler position, KL coefficient, ...).
         save_workers: writes the workers' parts (actor/, critic/, huggingface/) under the folder given.
         max_to_keep: keep at most this many complete step folders (oldest deleted); None keeps all.
+        keep: steps never pruned (the best checkpoint).
     Returns:
         The final folder.
     """
@@ -92,7 +97,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, trainer_state: dict,
     os.rename(tmp, final)
     _write_text_atomic(root / LATEST_FILE, str(step))
     if max_to_keep is not None and max_to_keep > 0:
-        prune(root, max_to_keep)
+        prune(root, max_to_keep, keep)
     return final
 
 
@@ -111,13 +116,30 @@ def discard_partial(root: str | os.PathLike, step: int) -> list[Path]:
     return partial
 
 
-def prune(root: str | os.PathLike, max_to_keep: int) -> list[Path]:
-    """Delete the oldest complete checkpoints beyond ``max_to_keep``; returns the deleted folders."""
+def prune(root: str | os.PathLike, max_to_keep: int, keep: Iterable[int] = ()) -> list[Path]:
+    """Delete the oldest complete checkpoints beyond the newest ``max_to_keep``, except the steps in
+    ``keep``; returns the deleted folders."""
     steps = sorted(complete_steps(root))
-    doomed = [step_dir(root, s) for s in steps[:-max_to_keep]] if len(steps) > max_to_keep else []
+    kept = set(keep)
+    doomed = [step_dir(root, s) for s in steps[:-max_to_keep] if s not in kept] if len(steps) > max_to_keep else []
     for path in doomed:
         shutil.rmtree(path, ignore_errors=True)
     return doomed
+
+
+def read_best(root: str | os.PathLike) -> dict | None:
+    """``{"step", "metric", "value"}`` of the best checkpoint (``trainer.keep_best``), or None when
+    none was recorded or its folder is not complete."""
+    path = Path(root) / BEST_FILE
+    if not path.is_file():
+        return None
+    best = json.loads(path.read_text())
+    return best if is_complete(step_dir(root, int(best["step"]))) else None
+
+
+def write_best(root: str | os.PathLike, step: int, metric: str, value: float) -> None:
+    """Record ``global_step_<step>`` as the best checkpoint by ``metric`` (written atomically)."""
+    _write_json_atomic(Path(root) / BEST_FILE, {"step": step, "metric": metric, "value": value})
 
 
 def complete_steps(root: str | os.PathLike) -> list[int]:

@@ -19,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.algorithms.config import AlgorithmConfig
 from verl.envs.base import EnvConfig
 from verl.trainer.evaluation.config import EvaluationConfig
+from verl.trainer.ppo.health import HealthConfig
 from verl.utils.config import delete_key, leaf_defaults, to_typed
 from verl.utils.dataset.config import DataConfig
 from verl.utils.host_memory import HostMemoryConfig
@@ -75,7 +76,14 @@ class TrainerConfig:
     """`auto` (latest complete checkpoint), `disable`, or a `global_step_N` folder; a checkpoint trained on other
     data (`trainer_state.json` records the train files) or already at the target step stops the run at start"""
     max_actor_ckpt_to_keep: Optional[int] = None
-    """keep at most N checkpoints, pruned as whole step folders (`null`: all)"""
+    """keep at most N checkpoints, pruned as whole step folders (`null`: all); the best one (`keep_best`)
+    is never pruned"""
+    keep_best: Optional[str] = None
+    """a validation metric to keep the best checkpoint of, higher is better (e.g. `val/test_em/all`): a
+    validation that beats every earlier one (from step 1) saves a checkpoint there, recorded in
+    `<default_local_dir>/best_checkpoint.json` and kept beside the latest; `null`: off"""
+    health: HealthConfig = field(default_factory=HealthConfig)
+    """training-health signals (`health/*`) and their alarms (verl/trainer/ppo/health.py)"""
     export_hf: bool = True
     """write `global_step_N/huggingface/` (loadable by `AutoModelForCausalLM.from_pretrained`)"""
     device_peak_flops: Optional[float] = None

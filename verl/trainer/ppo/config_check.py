@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from verl import algorithms
-from verl.trainer.ppo.config import BACKENDS, PPOConfig
+from verl.trainer.ppo.config import BACKENDS, PPOConfig, environment_of
+from verl.trainer.ppo.health import health_rules
 from verl.utils.config import ConfigError
 from verl.workers import batching
 from verl.workers.rollout.config import ENGINE_NAMES, ROLLOUT_MODES, engine_max_model_len
@@ -85,6 +86,7 @@ def check_algorithm(cfg: PPOConfig) -> None:
     _choose(errors, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, algorithms.LOSS_AGG_MODES)
     _choose(errors, "actor_rollout_ref.actor.tis_level", actor.tis_level, algorithms.TIS_LEVELS)
     _choose(errors, "actor_rollout_ref.actor.tis_mode", actor.tis_mode, algorithms.TIS_MODES)
+    _choose(errors, "actor_rollout_ref.actor.llds.gate", actor.llds.gate, algorithms.LLDS_GATES)
     if errors:
         raise ConfigError("invalid algorithm settings:\n  " + "\n  ".join(errors))
     estimator = algorithms.get_adv_estimator(cfg.algorithm.adv_estimator)
@@ -97,6 +99,25 @@ def check_algorithm(cfg: PPOConfig) -> None:
                           f"policy_loss.loss_mode={actor.policy_loss.loss_mode!r}; choose one of {list(allowed)}")
     if actor.clip_ratio_c <= 1.0:
         raise ConfigError(f"actor_rollout_ref.actor.clip_ratio_c={actor.clip_ratio_c} must be > 1 (dual clip)")
+    check_llds(cfg)
+
+
+def check_llds(cfg: PPOConfig) -> None:
+    """LLDS (``actor.llds``) needs an update that moves the policy before it reads log-probs again:
+    with one epoch over one mini-batch the old and current log-probs are equal and the term is 0.
+
+    Raises:
+        ConfigError: a negative coefficient, or LLDS on with a single update per step.
+    """
+    actor = cfg.actor_rollout_ref.actor
+    if actor.llds.coef < 0:
+        raise ConfigError(f"actor_rollout_ref.actor.llds.coef={actor.llds.coef} must be >= 0 (0: off)")
+    if actor.llds.coef > 0 and actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= cfg.data.train_batch_size:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.llds.coef={actor.llds.coef} has no effect with one update per step "
+            f"(ppo_epochs=1, ppo_mini_batch_size={actor.ppo_mini_batch_size} >= data.train_batch_size="
+            f"{cfg.data.train_batch_size}): the likelihood it guards has not moved yet; set "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size < data.train_batch_size or ppo_epochs > 1")
 
 
 def _collect(errors: list[str], build, *args) -> None:
@@ -182,9 +203,35 @@ def check_sampling(cfg: PPOConfig) -> None:
                           f"actor_rollout_ref.rollout.do_sample=false")
 
 
+def check_trainer_watch(cfg: PPOConfig) -> None:
+    """``trainer.keep_best`` names a validation metric that is computed, and ``trainer.health`` is
+    well formed (its threshold overrides name known signals).
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    trainer = cfg.trainer
+    if trainer.keep_best is not None:
+        if not trainer.keep_best.startswith("val/"):
+            raise ConfigError(f"trainer.keep_best={trainer.keep_best!r}: name a validation metric, e.g. "
+                              f"val/test_em/all or val/test_score/<data_source>")
+        if trainer.test_freq <= 0:
+            raise ConfigError(f"trainer.keep_best={trainer.keep_best} needs validation: set trainer.test_freq > 0 "
+                              f"(got {trainer.test_freq})")
+    health = trainer.health
+    if health.baseline_steps < 1 or health.patience < 1:
+        raise ConfigError(f"trainer.health.baseline_steps={health.baseline_steps} and trainer.health.patience="
+                          f"{health.patience} must be >= 1")
+    try:
+        health_rules(environment_of(cfg).health_rules, health.thresholds)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
 def check_config(cfg: PPOConfig) -> None:
     """All start-up checks; raises ConfigError naming the offending key(s)."""
     check_choices(cfg)
     check_sampling(cfg)
     check_algorithm(cfg)
     check_batch_sizes(cfg)
+    check_trainer_watch(cfg)

@@ -158,26 +158,27 @@ def reduce_worker_metrics(metrics: dict) -> dict[str, float]:
 
 def compute_validation_metrics(data_sources: list[str], scores: list[float],
                                env_stats: dict[str, np.ndarray | None] | None = None,
-                               ems: list[float] | None = None, env=None) -> dict[str, float]:
+                               matches: dict[str, list[float]] | None = None, env=None) -> dict[str, float]:
     """Validation figures, every one a per-row (per-question) statistic over the whole set.
 
     ``val/test_score/<data_source>`` and ``val/test_score/all``: mean reward per row;
-    ``val/test_em/*`` the same for exact match (when ``ems`` is given, one per row);
+    ``val/test_<name>/*`` the same for each per-row answer match in ``matches`` (``em``: exact
+    match, ``f1``: token F1, ``cover_em``: gold contained in the answer);
     ``val/env/*``: :func:`env_metrics` over all rows. How the rows were batched does not matter.
 
     Args:
         data_sources, scores: one entry per row.
         env_stats: per-row arrays (:func:`row_stats`), aligned with ``scores``.
-        ems: per-row exact match, or None.
+        matches: per-row values by name (e.g. ``{"em": [...]}``), or None.
         env: the run's environment (its own ``val/env/*`` figures).
     Raises:
-        ValueError: ``ems`` or an ``env_stats`` array has a different length than ``scores``.
+        ValueError: a ``matches`` list or an ``env_stats`` array has a different length than ``scores``.
     """
     metrics = _means_by_source("val/test_score", data_sources, scores)
-    if ems is not None:
-        if len(ems) != len(scores):
-            raise ValueError(f"{len(ems)} exact-match values for {len(scores)} rows")
-        metrics.update(_means_by_source("val/test_em", data_sources, ems))
+    for name, values in (matches or {}).items():
+        if len(values) != len(scores):
+            raise ValueError(f"{len(values)} {name} values for {len(scores)} rows")
+        metrics.update(_means_by_source(f"val/test_{name}", data_sources, values))
     for key, values in (env_stats or {}).items():
         if values is not None and len(values) != len(scores):
             raise ValueError(f"per-row stat {key!r} has {len(values)} values for {len(scores)} rows")

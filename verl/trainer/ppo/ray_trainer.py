@@ -1,8 +1,9 @@
 """The PPO/GRPO trainer loop on the single controller: the seven lines of the step in docs/architecture.md.
 
 Everything else lives in sibling modules: ``stages`` (grouping, rewards, advantages),
-``rollout_adapter`` (the worker group as an engine), ``metric_utils``, ``validation``,
-``checkpointing``, ``data_loading``; building the pieces is ``trainer_setup``.
+``rollout_adapter`` (the worker group as an engine), ``metric_utils``, ``health`` (the per-step
+collapse signals and alarms), ``validation``, ``checkpointing``, ``data_loading``; building the
+pieces is ``trainer_setup``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 from tqdm import tqdm
 
 from verl.trainer.ppo import checkpointing, metric_utils, resume_check, stages
+from verl.trainer.ppo.health import HealthMonitor
 from verl.trainer.ppo.validation import run_validation
 from verl.utils.timer import timer
 
@@ -56,6 +58,7 @@ class RayPPOTrainer:
         self.train_params = sampling_params(rollout_cfg, data_cfg.max_response_length)
         self.val_params = sampling_params(rollout_cfg, data_cfg.max_response_length, validate=True)
         self.peak_flops = metric_utils.device_peak_flops(config.trainer.device_peak_flops)
+        self.health = HealthMonitor(config.trainer.health, rollout.env, tokenizer)
         self.global_step = 0
         self.unfinished_save: int | None = None  # the step of a save that an exception cut short
 
@@ -86,6 +89,7 @@ class RayPPOTrainer:
                 with timer("update_actor", timings):
                     metrics.update(self.update(w.actor_rollout, "update_actor", batch))
         metrics.update(self.step_metrics(batch, timings))                                      # 7
+        metrics.update(self.health.observe(self.global_step, batch, metrics))
         return metrics
 
     # ------------------------------------------------------------------------------ step helpers
@@ -129,6 +133,7 @@ class RayPPOTrainer:
         metrics: dict[str, float] = {}
         if trainer_cfg.val_only or (trainer_cfg.val_before_train and self.global_step == 0):
             metrics = self.validate()
+            self.best_value(metrics)  # a keep_best metric validation does not report fails here, at once
             self.tracker.log(metrics, step=self.global_step)
         if trainer_cfg.val_only:
             return metrics
@@ -144,13 +149,33 @@ class RayPPOTrainer:
         return metrics
 
     def periodic(self, last: bool) -> dict[str, float]:
-        """Validation every ``test_freq`` and a checkpoint every ``save_freq`` steps (and at the end)."""
+        """Validation every ``test_freq`` and a checkpoint every ``save_freq`` steps (and at the end),
+        and one at a validation that beats the best so far (``trainer.keep_best``)."""
         trainer_cfg, step, metrics = self.config.trainer, self.global_step, {}
         if trainer_cfg.test_freq > 0 and (step % trainer_cfg.test_freq == 0 or last):
             metrics.update(self.validate())
-        if trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last):
-            self.save()
+        best = self.best_value(metrics)
+        if (trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last)) or best is not None:
+            self.save(best)
         return metrics
+
+    def best_value(self, metrics: dict[str, float]) -> float | None:
+        """The ``trainer.keep_best`` metric of this step's validation when it beats every earlier
+        one (from step 1 on), else None.
+
+        Raises:
+            ValueError: validation ran and reports no such metric (naming those it reports).
+        """
+        metric = self.config.trainer.keep_best
+        validated = sorted(key for key in metrics if key.startswith("val/"))
+        if metric is None or not validated:
+            return None
+        if metric not in metrics:
+            raise ValueError(f"trainer.keep_best={metric}: validation reports no such metric; it reports "
+                             f"{', '.join(validated)}")
+        best = checkpointing.read_best(self.config.trainer.default_local_dir)
+        improved = best is None or metrics[metric] > best["value"]
+        return float(metrics[metric]) if improved and self.global_step > 0 else None
 
     def validate(self) -> dict[str, float]:
         def generate(batch, on_turn=None):
@@ -162,7 +187,9 @@ class RayPPOTrainer:
                               report=self.val_report)
 
     # ------------------------------------------------------------------------------- checkpoints
-    def save(self) -> None:
+    def save(self, best: float | None = None) -> None:
+        """A checkpoint of this step; ``best``: the step's ``keep_best`` value, a new best (recorded
+        once the checkpoint is complete). The best checkpoint is never pruned."""
         w, trainer_cfg = self.workers, self.config.trainer
 
         def save_workers(folder):
@@ -173,13 +200,18 @@ class RayPPOTrainer:
                 w.actor_rollout.export_hf(str(folder / "huggingface"))
 
         state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value),
-                 resume_check.RECORD_KEY: self.train_data}
+                 resume_check.RECORD_KEY: self.train_data, "health": self.health.state_dict()}
+        root = trainer_cfg.default_local_dir
+        previous = checkpointing.read_best(root)
+        keep = [self.global_step] if best is not None else [previous["step"]] if previous else []
         try:
-            checkpointing.save_checkpoint(trainer_cfg.default_local_dir, self.global_step, state, save_workers,
-                                          max_to_keep=trainer_cfg.max_actor_ckpt_to_keep)
+            checkpointing.save_checkpoint(root, self.global_step, state, save_workers,
+                                          max_to_keep=trainer_cfg.max_actor_ckpt_to_keep, keep=keep)
         except BaseException:  # e.g. a Ctrl-C: the workers may still be writing; shutdown() discards it
             self.unfinished_save = self.global_step
             raise
+        if best is not None:
+            checkpointing.write_best(root, self.global_step, trainer_cfg.keep_best, best)
 
     def resume(self) -> None:
         """Load the checkpoint chosen by ``trainer.resume_mode`` (workers, data position, KL, RNG)."""
@@ -194,6 +226,7 @@ class RayPPOTrainer:
         self.global_step = int(state["global_step"])
         self.train_loader.load_state_dict(state["data"])
         self.kl_ctrl.value = state["kl_coef"]
+        self.health.load_state_dict(state.get("health", {}))
         print(f"resumed from {path} at global step {self.global_step}", flush=True)
 
     def shutdown(self) -> None:

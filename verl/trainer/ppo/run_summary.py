@@ -8,6 +8,7 @@ what to load or plot next.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from omegaconf import DictConfig
 
@@ -16,7 +17,8 @@ from verl.trainer.ppo import checkpointing
 _SCORES = ("critic/score/mean", "val/test_score/all")
 
 
-def closing_summary(cfg: DictConfig, global_step: int, total_steps: int, metrics: dict[str, float]) -> str:
+def closing_summary(cfg: DictConfig, global_step: int, total_steps: int, metrics: dict[str, float],
+                    health: Sequence[str] = ()) -> str:
     """Summary of a finished run, one fact per line.
 
     Args:
@@ -24,9 +26,11 @@ def closing_summary(cfg: DictConfig, global_step: int, total_steps: int, metrics
             ``trainer.log_dir`` and ``trainer.logger``.
         global_step: the step the run ended at; ``total_steps``: the step it was asked to reach.
         metrics: the last step's metrics (its validation metrics included when it validated).
+        health: the training-health lines (``HealthMonitor.summary``: its alarms, or none).
     Returns:
         Text without a trailing newline: the steps, the last scores, the latest complete
-        checkpoint, its Hugging Face export and the metrics log (each only when it exists).
+        checkpoint, its Hugging Face export, the best checkpoint (``trainer.keep_best``), the
+        health alarms and the metrics log (each only when it exists).
     """
     trainer = cfg.trainer
     scores = ", ".join(f"{key} {metrics[key]:.3f}" for key in _SCORES if key in metrics) or "no score logged"
@@ -40,6 +44,12 @@ def closing_summary(cfg: DictConfig, global_step: int, total_steps: int, metrics
         export = Path(checkpoint) / "huggingface"
         if export.is_dir():
             lines.append(f"  HF export:    {export}  (python infer.py --model {export} ...)")
+        best = checkpointing.read_best(trainer.default_local_dir)
+        if best is not None:
+            lines.append(f"  best:         {checkpointing.step_dir(trainer.default_local_dir, best['step'])}  "
+                         f"({best['metric']} {best['value']:.3f})")
+    if not trainer.val_only:
+        lines += list(health)
     log = Path(trainer.log_dir) / "metrics.jsonl"
     if "jsonl" in list(trainer.logger) and log.is_file():
         lines.append(f"  metrics:      {log}  (python scripts/plot_metrics.py {log})")

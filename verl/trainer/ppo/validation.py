@@ -1,11 +1,11 @@
 """Validation: greedy multi-turn rollouts over the whole validation set, scored per data source.
 
 One record per question (the row's data source, uid, question, gold answers, prompt, full
-trajectory, extracted answer, EM, reward, turns, searches, token counts) is collected batch after
-batch; every ``val/*`` figure is then a statistic over those records, so uneven batches (101 rows
-as 50 + 50 + 1) weigh each question once. Reports ``val/test_score/<data_source>`` (the reward),
-``val/test_em/<data_source>`` (exact match, when the reward manager reports it) and the search
-statistics ``val/env/*``; optionally writes the records as ``<validation_data_dir>/<global_step>.jsonl``,
+trajectory, extracted answer, EM, F1, cover-EM, reward, turns, searches, token counts) is collected
+batch after batch; every ``val/*`` figure is then a statistic over those records, so uneven batches
+(101 rows as 50 + 50 + 1) weigh each question once. Reports ``val/test_score/<data_source>`` (the
+reward), ``val/test_em/<data_source>``, ``val/test_f1/*`` and ``val/test_cover_em/*`` (the answer
+matches, when the reward manager reports them) and the search statistics ``val/env/*``; optionally writes the records as ``<validation_data_dir>/<global_step>.jsonl``,
 the per-question file that ``evaluate.sh`` (``verl.trainer.main_eval``) summarises, and a report of
 them beside it (the environment's trajectory report, ``<global_step>.html``).
 """
@@ -88,13 +88,17 @@ class TurnBar:
         self.done = rows
 
 
+# Per-row answer matches the environment's reward may report, each a val/test_<name>/* figure.
+MATCH_KEYS = ("em", "f1", "cover_em")
+
+
 def validation_metrics(records: list[dict], env=None) -> dict[str, float]:
     """``val/*`` metrics of a list of records: means over questions, per source and over all."""
     sources = [r["data_source"] for r in records]
-    ems = [r["em"] for r in records] if records and all("em" in r for r in records) else None
+    matches = {key: [r[key] for r in records] for key in MATCH_KEYS if records and all(key in r for r in records)}
     stats = {key: np.array([r[key] for r in records], dtype=float) if all(key in r for r in records) else None
              for key in stat_keys(env)}
-    return compute_validation_metrics(sources, [r["score"] for r in records], stats, ems, env)
+    return compute_validation_metrics(sources, [r["score"] for r in records], stats, matches, env)
 
 
 def batch_records(batch, result: dict, tokenizer, env) -> list[dict]:
@@ -109,15 +113,16 @@ def batch_records(batch, result: dict, tokenizer, env) -> list[dict]:
     Returns:
         dicts with ``data_source, uid`` (the dataset's row id), ``question, gold, ground_truth, input, output`` (the decoded
         trajectory: generated and retrieved text, special tokens skipped as the reward sees it),
-        ``answer`` (the environment's reading of the output, or None), ``score``, ``em`` (when
-        reported), the loop's and the environment's per-row stats, ``response_tokens`` (model-generated tokens) and ``response_length``
+        ``answer`` (the environment's reading of the output, or None), ``score``, each per-row
+        number the reward reported beside it (``reward_extra_info``: ``em``, ``f1``, ``cover_em``
+        for the QA rewards), the loop's and the environment's per-row stats, ``response_tokens`` (model-generated tokens) and ``response_length``
         (all response tokens, observations included).
     """
     tensors, fields = batch.batch, batch.non_tensor_batch
     width = tensors["responses"].shape[-1]
     attention = tensors["attention_mask"].bool()
     scores = result["reward_tensor"].sum(-1).tolist()
-    ems = result.get("reward_extra_info", {}).get("em")
+    extras = row_numbers(result.get("reward_extra_info", {}), len(batch))
     stats = row_stats(batch, env)
     generated_tokens = tensors["response_mask"].sum(-1).tolist()
     records = []
@@ -130,13 +135,24 @@ def batch_records(batch, result: dict, tokenizer, env) -> list[dict]:
                   "uid": _row_id(fields, row),
                   "question": env.question_of(prompt), "gold": _answers(ground_truth), "ground_truth": ground_truth,
                   "input": prompt, "output": output, "answer": env.extract_answer(output), "score": float(scores[row])}
-        if ems is not None and len(ems) == len(batch):
-            record["em"] = float(ems[row])
+        record.update({key: values[row] for key, values in extras.items() if key not in record})
         record.update({key: int(values[row]) for key, values in stats.items() if values is not None})
         record["response_tokens"] = int(generated_tokens[row])
         record["response_length"] = len(response_ids)
         records.append(record)
     return records
+
+
+def row_numbers(extra_info: dict, num_rows: int) -> dict[str, list[float]]:
+    """The reward's per-row extras that are numbers, one per row (``score`` left out: the record's
+    own comes from the reward tensor)."""
+    out = {}
+    for key, values in extra_info.items():
+        if key == "score" or len(values) != num_rows:
+            continue
+        if all(isinstance(v, (int, float, np.integer, np.floating)) for v in values):
+            out[key] = [float(v) for v in values]
+    return out
 
 
 def _row_id(fields: dict, row: int) -> str:

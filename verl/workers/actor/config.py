@@ -22,6 +22,19 @@ class PolicyLossConfig:
 
 
 @dataclass(frozen=True)
+class LLDSConfig:
+    """The likelihood-preserving regulariser of the actor loss (``actor.llds``; Deng et al. 2026,
+    arXiv:2512.04220; ``verl/algorithms/llds.py``). Off by default."""
+
+    coef: float = 0.0
+    """lambda: weight of the LLDS term in the actor loss (0: off; the authors' script uses 0.2). It acts
+    only where an update already moved the policy: from the second mini-batch or epoch of a step on"""
+    gate: str = "action"
+    """`action`: each action (model text between observations) whose likelihood fell is regularised (the
+    paper's best, A-gate); `response`: the whole response's (R-gate)"""
+
+
+@dataclass(frozen=True)
 class ActorConfig:
     """The trainable policy: PPO epochs, micro-batching, the clipped loss, KL and entropy terms."""
 
@@ -57,6 +70,8 @@ class ActorConfig:
     """loss aggregation: `token-mean`, `seq-mean-token-sum`, `seq-mean-token-mean`, `seq-mean-token-sum-norm`"""
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     """the policy loss"""
+    llds: LLDSConfig = field(default_factory=LLDSConfig)
+    """lazy-likelihood-displacement regulariser (GRPO collapse in agent search)"""
     tis_imp_ratio_cap: float = -1.0
     """truncated importance sampling: cap on pi_old / pi_rollout (> 0 enables; needs `rollout_log_probs`)"""
     tis_level: str = "token"

@@ -101,13 +101,14 @@ class DataParallelPPOActor:
         Loss per micro-batch (Schulman et al. 2017): the registered policy loss
         (``policy_loss.loss_mode``, default ``vanilla`` clipped surrogate) optionally weighted by
         truncated importance weights, ``- entropy_coeff * entropy`` and ``+ kl_loss_coef * KL(pi ||
-        pi_ref)``, each aggregated with ``loss_agg_mode``. Micro-batch losses are weighted by
-        :func:`grad_accum_weights` so the step equals one step on the whole mini-batch.
+        pi_ref)`` and ``+ llds.coef * L_LLDS`` (:mod:`verl.algorithms.llds`), each aggregated with
+        ``loss_agg_mode``. Micro-batch losses are weighted by :func:`grad_accum_weights` so the step
+        equals one step on the whole mini-batch.
 
         Returns:
             Metrics averaged over mini-batches: ``actor/pg_loss``, ``actor/pg_clipfrac``,
-            ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` (with KL loss),
-            ``actor/grad_norm``, ``actor/grad_norm_nonfinite`` (share of skipped steps), plus the
+            ``actor/ppo_kl``, ``actor/entropy``, ``actor/kl_loss`` (with KL loss), ``actor/llds_loss``
+            and ``actor/llds_active_tokens`` (with LLDS), ``actor/grad_norm``, ``actor/grad_norm_nonfinite`` (share of skipped steps), plus the
             importance-sampling metrics with TIS.
         Raises:
             RuntimeError: the actor was built without an optimizer or update batching.
@@ -171,5 +172,10 @@ class DataParallelPPOActor:
             loss = loss + cfg.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss.detach()
             metrics["actor/kl_coef"] = cfg.kl_loss_coef
+        if cfg.llds.coef > 0:
+            llds_loss, llds_metrics = algorithms.compute_llds_loss(
+                old_log_prob, log_prob, micro["advantages"], response_mask, cfg.llds.gate, loss_agg_mode)
+            loss = loss + cfg.llds.coef * llds_loss
+            metrics.update(llds_metrics)
         metrics["actor/pg_loss"] = pg_loss.detach()
         return loss, metrics
