@@ -4,6 +4,9 @@ across the device's 10-minute calls, with ``evaluate.sh`` on the fixed validatio
     # one H200; call again with the same arguments until it prints "learning run: done"
     python benchmarks/learning_run.py --algo grpo --steps 150 --budget_s 520 --work_dir /tmp/learning --out_dir $OUT
     python benchmarks/learning_run.py --algo gae  --steps 150 --budget_s 520 --work_dir /tmp/learning --out_dir $OUT
+    # a preset stacked on the algorithm's recipe (docs/recipes.md): results go to learning_grpo+search_r1pp.json
+    python benchmarks/learning_run.py --algo grpo --recipes search_r1pp --steps 150 --budget_s 520 \
+        --work_dir /tmp/learning --out_dir $OUT
     # side-by-side report of finished runs (Markdown for docs/benchmarks_learning.md)
     python benchmarks/learning_run.py --report benchmarks/results/learning_grpo.json benchmarks/results/learning_gae.json
 
@@ -51,10 +54,12 @@ from verl.trainer.overrides import recipe_overrides  # noqa: E402
 
 SCRIPTS = {"grpo": "train_grpo.sh", "gae": "train_ppo.sh"}
 # What a curve point holds per training step (metric key -> label).
-CURVES = {"critic/score/mean": "training score", "reward_extra/em": "training EM",
+CURVES = {"critic/score/mean": "training score", "reward_extra/em": "training EM", "reward_extra/f1": "training F1",
           "response_length/mean": "response tokens", "env/number_of_valid_search": "searches / question",
           "actor/entropy": "entropy", "actor/kl_loss": "KL (loss)", "actor/reward_kl_penalty": "KL (reward)",
-          "actor/ppo_kl": "KL (old policy)", "critic/advantages/max": "max advantage"}
+          "actor/ppo_kl": "KL (old policy)", "critic/advantages/max": "max advantage", "actor/llds_loss": "LLDS loss",
+          "health/broken_tags": "broken tags", "health/no_answer": "no answer", "health/think_words": "think words",
+          "health/lld/pos_logprob": "log-lik. of A > 0 responses", "health/alarm": "health alarm"}
 TIMINGS = ("gen", "tool", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
 
 # Rollout as both training and evaluation see it: contexts fit 3 passages of 100 words per search.
@@ -123,15 +128,19 @@ def reserved_s(args, run: Run) -> float:
 
 
 def rollout_overrides(args) -> list[str]:
-    reward = [] if args.reward == "em" else list(learning_check.FORMAT_REWARD)
-    return [*ROLLOUT[args.profile], *reward, *args.extra]
+    """Training's and evaluation's rollout: the profile's, the reward, the ``--recipes`` (as key=value;
+    a recipe that sets ``reward_model.*`` replaces ``--reward``), then the extra overrides."""
+    recipes = recipe_overrides(*args.recipes) if args.recipes else []
+    recipe_reward = any(o.startswith("reward_model.") for o in recipes)
+    reward = [] if args.reward == "em" or recipe_reward else list(learning_check.FORMAT_REWARD)
+    return [*ROLLOUT[args.profile], *reward, *recipes, *args.extra]
 
 
 def train_overrides(args, run: Run) -> list[str]:
     return [*TRAIN[args.profile], *rollout_overrides(args), f"trainer.total_training_steps={args.steps}",
             f"trainer.save_freq={args.save_freq}", "trainer.test_freq=-1", "trainer.val_before_train=false",
             "trainer.resume_mode=auto", "trainer.export_hf=true", "trainer.logger=[console,jsonl]",
-            f"trainer.log_dir={run.logs}", f"trainer.experiment_name=learning-{args.algo}"]
+            f"trainer.log_dir={run.logs}", f"trainer.experiment_name=learning-{args.label}"]
 
 
 def child_env(args, model: str, url: str, data: Path, **more) -> dict:
@@ -239,7 +248,7 @@ def one_call(args) -> bool:
     started = time.time()
     deadline = started + args.budget_s
     work_dir = Path(args.work_dir).resolve()
-    run = Run(work_dir, args.algo)
+    run = Run(work_dir, args.label)
     run.root.mkdir(parents=True, exist_ok=True)
     data = prepare_data(args, work_dir)
     warm_start = args.model or __import__("warm_start").ensure_warm_start()
@@ -253,7 +262,7 @@ def one_call(args) -> bool:
                        f"+ {reserved_s(args, run):.0f} s kept for the evaluations due")
         elif run.latest_step() < args.steps:
             cmd = ["bash", SCRIPTS[args.algo], *train_overrides(args, run)]
-            env = child_env(args, warm_start, url, data, CKPT_DIR=str(run.ckpt), EXPERIMENT_NAME=f"learning-{args.algo}")
+            env = child_env(args, warm_start, url, data, CKPT_DIR=str(run.ckpt), EXPERIMENT_NAME=f"learning-{args.label}")
             limit = before + args.max_new_steps if args.max_new_steps else None
 
             def stop_when() -> bool:  # a step limit, or only the evaluations' time left
@@ -269,7 +278,7 @@ def one_call(args) -> bool:
                   "seconds": round(time.time() - started, 1), "steps": [before, run.latest_step()], "log": log})
     run.calls.write_text(json.dumps(calls, indent=1) + "\n")
     result = collect(args, run, warm_start, data)
-    write_result(result, Path(args.out_dir), args.algo)
+    write_result(result, Path(args.out_dir), args.label)
     complete = run.latest_step() >= args.steps and all(run.evaluation(s).exists() for s in args.eval_steps)
     print("\n".join(log) + f"\nlearning run: {'done' if complete else 'not done: call again'} "
           f"(step {run.latest_step()} of {args.steps})", flush=True)
@@ -284,7 +293,8 @@ def collect(args, run: Run, warm_start: str, data: Path) -> dict:
     evaluations = {str(s): json.loads(run.evaluation(s).read_text()) for s in args.eval_steps if run.evaluation(s).exists()}
     comparisons = {f"{s}_vs_0": compare(evaluations["0"]["table"], e["table"]) for s, e in evaluations.items()
                    if s != "0" and "0" in evaluations}
-    return {"algorithm": args.algo, "steps": run.latest_step(), "target_steps": args.steps, "eval_steps": args.eval_steps,
+    return {"algorithm": args.algo, "recipes": args.recipes, "label": args.label, "steps": run.latest_step(),
+            "target_steps": args.steps, "eval_steps": args.eval_steps,
             "evaluations": evaluations, "comparisons": comparisons, "goal": goal(evaluations),
             "curves": [{"step": r["step"], **{k: r[k] for k in CURVES if k in r}} for r in rows],
             "step_time_s": step_times(rows), "profile": args.profile, "retriever": args.retriever, "reward": args.reward,
@@ -372,7 +382,8 @@ def report(paths: list[str]) -> str:
             parts.append(f"\nStep {step}:\n\n{to_markdown(evaluation['table'])}")
         times = ", ".join(f"{k} {v:.1f} s" for k, v in run["step_time_s"].items())
         parts.append(f"\nMedian step time split: {times}. Goal: {json.dumps(run['goal'])}\n")
-    finals = [(r["algorithm"], r["evaluations"][max(r["evaluations"], key=int)]["table"]) for r in runs if r["evaluations"]]
+    finals = [(r.get("label", r["algorithm"]), r["evaluations"][max(r["evaluations"], key=int)]["table"])
+              for r in runs if r["evaluations"]]
     sources = ordered_sources({s for _, t in finals for s in t["sources"]})
     head = "| source | " + " | ".join(f"{a} (final)" for a, _ in finals) + " |"
     lines = [head, "|---" * (len(finals) + 1) + "|"]
@@ -403,10 +414,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--reward", choices=("format", "em"), default="format",
                         help="format: Search-R1's qa_em_format (EM 1, format 0.2, retrieval 0.1); em: plain EM")
     parser.add_argument("--eval_max_per_source", type=int, default=None, help="evaluate.sh --max_per_source")
+    parser.add_argument("--recipes", default="", help="comma-separated presets of verl/trainer/config/recipe/ stacked "
+                        "on the algorithm's (e.g. search_r1pp, llds): training and evaluation both get them; the run "
+                        "and its results are named <algo>+<recipe>...")
     parser.add_argument("--profile", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("extra", nargs="*", help="key=value overrides for training and evaluation")
     args = parser.parse_args(argv)
     args.eval_steps = sorted({int(s) for s in args.eval_steps.split(",") if s.strip()})
+    args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    args.label = "+".join([args.algo, *args.recipes])
     bad = [s for s in args.eval_steps if s and s % args.save_freq]
     if bad:
         parser.error(f"--eval_steps {bad} are not multiples of --save_freq {args.save_freq} (no checkpoint there)")

@@ -40,6 +40,29 @@ def test_recipes_pass_the_start_up_check(algo, profile, tmp_path):
     assert make_run_plan(evaluation, 1).engine_max_model_len == make_run_plan(cfg, 1).engine_max_model_len
 
 
+def test_extra_recipes_search_r1pp_and_llds_pass_the_start_up_check(tmp_path):
+    """``--recipes`` stacks presets on training and evaluation alike; a recipe's reward replaces
+    ``--reward``; the run and its result are named after them. LLDS needs two mini-batches a step."""
+    from verl.utils.config import ConfigError
+
+    args = learning_run.parse_args(["--algo", "grpo", "--recipes", "search_r1pp", "--work_dir", str(tmp_path)])
+    assert args.label == "grpo+search_r1pp"
+    grpo = ["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true"]
+    cfg = parse_config([*grpo, "trainer.n_gpus_per_node=1",
+                        *learning_run.train_overrides(args, learning_run.Run(tmp_path, args.label))])
+    assert (cfg.algorithm.adv_estimator, cfg.reward_model.style, cfg.prompt.template) == ("reinforce", "f1", "fast")
+    assert cfg.reward_model.structure_format_score == 0.0 and cfg.trainer.experiment_name == "learning-grpo+search_r1pp"
+    evaluation = parse_config([*learning_run.rollout_overrides(args), *learning_run.EVAL["gpu"]])
+    assert evaluation.prompt.template == "fast" and evaluation.reward_model.style == "f1"
+    llds = learning_run.parse_args(["--algo", "grpo", "--recipes", "llds", "--work_dir", str(tmp_path)])
+    with pytest.raises(ConfigError, match="llds.coef=0.2 has no effect with one update per step"):
+        parse_config([*grpo, *learning_run.train_overrides(llds, learning_run.Run(tmp_path, llds.label))])
+    halves = learning_run.parse_args(["--algo", "grpo", "--recipes", "llds", "--work_dir", str(tmp_path),
+                                      "actor_rollout_ref.actor.ppo_mini_batch_size=32"])
+    cfg = parse_config([*grpo, *learning_run.train_overrides(halves, learning_run.Run(tmp_path, halves.label))])
+    assert cfg.actor_rollout_ref.actor.llds.coef == 0.2 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 32
+
+
 def test_gpu_profile_is_the_learning_recipe(tmp_path):
     """The GPU profile's overrides are the learning recipe's YAML (verl/trainer/config/recipe/):
     stacked on the GRPO script's recipe they give the same run as the recipes themselves."""

@@ -34,6 +34,21 @@ def test_table_rows_in_paper_order_and_the_average_is_the_mean_of_source_ems():
     assert "score" not in report.to_markdown(report.summarise(records, format_reward=False, num_resamples=50))
 
 
+def test_table_shows_f1_and_cover_em_beside_em_when_records_carry_them():
+    records = _records("nq", [1, 0, 0, 0]) + _records("popqa", [1, 1])
+    for record, (f1, cover) in zip(records, [(1.0, 1), (0.5, 1), (0.0, 0), (0.25, 0), (1.0, 1), (0.8, 1)]):
+        record.update(f1=f1, cover_em=cover)
+    table = report.summarise(records, format_reward=False, num_resamples=100)
+    assert table["sources"]["nq"]["f1"] == pytest.approx(1.75 / 4) and table["sources"]["nq"]["cover_em"] == 0.5
+    assert table["average"]["f1"] == pytest.approx((1.75 / 4 + 0.9) / 2)
+    assert table["average"]["cover_em"] == pytest.approx((0.5 + 1.0) / 2)
+    text = report.to_markdown(table)
+    assert "| source | questions | EM | EM 95% CI | F1 | cover-EM |" in text
+    assert "| nq | 4 | 0.250 | " in text and " | 0.438 | 0.500 | " in text
+    without = report.summarise(_records("nq", [1, 0]), format_reward=False, num_resamples=50)
+    assert "f1" not in without["average"] and "F1" not in report.to_markdown(without)
+
+
 def test_intervals_do_not_depend_on_the_other_sources():
     nq = _records("nq", [1, 0, 1, 1, 0, 0, 1])
     alone = report.summarise(nq, False, num_resamples=300)["sources"]["nq"]["em_ci"]

@@ -48,9 +48,10 @@ def dataset(tokenizer, tmp_path_factory):
     return RLHFDataset(str(path), tokenizer, DataConfig(max_start_length=512))
 
 
-def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, report=None, progress: bool = False) -> dict:
+def _validate(dataset, tokenizer, batch_size: int, dump_dir=None, report=None, progress: bool = False,
+              answer: str = "{i}") -> dict:
     prompts = [dataset[i]["raw_prompt_ids"] for i in range(len(dataset))]
-    scripts = [[f"<answer> {i} </answer>"] if i == FINISHED_ROW else ["<search> number </search>", "<search> a number </search>"]
+    scripts = [[f"<answer> {answer.format(i=i)} </answer>"] if i == FINISHED_ROW else ["<search> number </search>", "<search> a number </search>"]
                for i in range(len(dataset))]
     engine = ScriptedEngine(tokenizer, prompts, scripts)
     config = dict(max_turns=1, max_start_length=512, max_prompt_length=1024,
@@ -94,6 +95,17 @@ def test_uneven_batches_weigh_every_question_once(dataset, tokenizer, tmp_path):
     assert other["valid_search"] == 2 and other["turns"] == 2
     assert other["response_length"] > other["response_tokens"]  # the observation is not generated
     assert np.mean([r["finished"] for r in records]) == pytest.approx(uneven["val/env/finish_ratio"])
+
+
+def test_records_and_metrics_carry_f1_and_cover_em_beside_em(dataset, tokenizer, tmp_path):
+    """The reward's per-row extras reach the records and ``val/test_f1/*``, ``val/test_cover_em/*``:
+    "the number 7" for gold "7" is no exact match, but covers it, with token F1 2/3."""
+    metrics = _validate(dataset, tokenizer, batch_size=NUM_ROWS, dump_dir=tmp_path, answer="the number {i}")
+    answered = read_records(tmp_path / "3.jsonl")[FINISHED_ROW]
+    assert (answered["em"], answered["cover_em"]) == (0.0, 1.0) and answered["f1"] == pytest.approx(2 / 3)
+    assert metrics["val/test_em/all"] == 0.0
+    assert metrics["val/test_cover_em/all"] == pytest.approx(1 / NUM_ROWS)
+    assert metrics["val/test_f1/nq"] == pytest.approx(2 / 3 / 50)
 
 
 def test_the_trainer_writes_a_report_beside_each_dump(dataset, tokenizer, tmp_path):
