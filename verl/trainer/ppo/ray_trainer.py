@@ -17,6 +17,7 @@ from tqdm import tqdm
 from verl.trainer.ppo import checkpointing, metric_utils, resume_check, stages
 from verl.trainer.ppo.health import HealthMonitor
 from verl.trainer.ppo.validation import run_validation
+from verl.utils.config import ConfigError
 from verl.utils.timer import timer
 
 
@@ -164,14 +165,14 @@ class RayPPOTrainer:
         one (from step 1 on), else None.
 
         Raises:
-            ValueError: validation ran and reports no such metric (naming those it reports).
+            ConfigError: validation ran and reports no such metric (naming those it reports).
         """
         metric = self.config.trainer.keep_best
         validated = sorted(key for key in metrics if key.startswith("val/"))
         if metric is None or not validated:
             return None
         if metric not in metrics:
-            raise ValueError(f"trainer.keep_best={metric}: validation reports no such metric; it reports "
+            raise ConfigError(f"trainer.keep_best={metric}: validation reports no such metric; it reports "
                              f"{', '.join(validated)}")
         best = checkpointing.read_best(self.config.trainer.default_local_dir)
         improved = best is None or metrics[metric] > best["value"]

@@ -5,8 +5,8 @@ trajectory, extracted answer, EM, F1, cover-EM, reward, turns, searches, token c
 batch after batch; every ``val/*`` figure is then a statistic over those records, so uneven batches
 (101 rows as 50 + 50 + 1) weigh each question once. Reports ``val/test_score/<data_source>`` (the
 reward), ``val/test_em/<data_source>``, ``val/test_f1/*`` and ``val/test_cover_em/*`` (the answer
-matches, when the reward manager reports them) and the search statistics ``val/env/*``; optionally writes the records as ``<validation_data_dir>/<global_step>.jsonl``,
-the per-question file that ``evaluate.sh`` (``verl.trainer.main_eval``) summarises, and a report of
+matches, when the reward manager reports them) and the search statistics ``val/env/*``; optionally
+writes the records as ``<validation_data_dir>/<global_step>.jsonl``, the per-question file that ``evaluate.sh`` (``verl.trainer.main_eval``) summarises, and a report of
 them beside it (the environment's trajectory report, ``<global_step>.html``).
 """
 
