@@ -12,13 +12,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_main(overrides: list[str], timeout: int = 600, extra_env: dict | None = None, **popen) -> subprocess.CompletedProcess:
-    """``python -m verl.trainer.main_ppo`` with overrides, as a user runs it (``extra_env``: more
-    environment variables of the process)."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(REPO), **(extra_env or {}))
-    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout, **popen)
+def main_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the entry point runs in here: offline, quiet, this checkout first (plus ``extra_env``)."""
+    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+                VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(REPO), **(extra_env or {}))
+
+
+def run_main(overrides: list[str], timeout: int = 600, extra_env: dict[str, str] | None = None,
+             **popen) -> subprocess.CompletedProcess:
+    """``python -m verl.trainer.main_ppo`` with overrides, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=REPO,
+                          env=main_env(extra_env), capture_output=True, text=True, timeout=timeout, **popen)
 
 
 def tiny_overrides(model: str, data: dict, url: str, out: Path, algo: str) -> list[str]:
