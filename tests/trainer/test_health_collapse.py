@@ -102,7 +102,7 @@ def collapse_overrides(model: str, data: dict, out: Path, steps: int) -> list[st
         f"trainer.default_local_dir={out}", "env.module=tests.trainer.collapse_env", "env.name=search_r1_broken_reward",
         "do_search=false", "trainer.backend=local", "trainer.n_gpus_per_node=1", "trainer.logger=[console,jsonl]",
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=1",
-        "trainer.val_before_train=true", "trainer.health.baseline_steps=2", "trainer.health.patience=2",
+        "trainer.val_before_train=true", "trainer.health.baseline_steps=1", "trainer.health.patience=2",
         "trainer.keep_best=val/test_em/all", "trainer.export_hf=false",
         "data.train_batch_size=3", "data.val_batch_size=4", "data.max_prompt_length=512", "data.max_start_length=256",
         "data.max_response_length=24", "data.max_obs_length=32", "max_turns=1",
@@ -131,11 +131,14 @@ def test_health_alarm_fires_before_the_validation_em_falls(answering_model, qa_p
     start = next(row["val/test_em/all"] for row in rows if row["step"] == 0)
     assert start >= 0.75, f"the warm start answers only {start:.2f} of the validation questions"
     alarm = first_step(rows, lambda row: row.get("health/alarm") == 1.0)
+    first_drop = first_step(rows, lambda row: row["step"] > 0 and row.get("val/test_em/all", start) < start)
     fall = first_step(rows, lambda row: row["step"] > 0 and row.get("val/test_em/all", start) <= start - 0.5)
     timeline = [(row["step"], row.get("health/broken_tags"), row.get("health/no_answer"),
                  row.get("health/lld/pos_logprob"), row.get("val/test_em/all")) for row in rows]
     assert alarm is not None and fall is not None, timeline
-    assert alarm < fall, timeline
+    # 2026-12-02, 2 shared cores: the likelihood alarm at step 3, the first lost question at step 4,
+    # EM 0.5 at step 8 (docs/recipes.md)
+    assert alarm <= first_drop and alarm < fall, timeline
     warning = next(line for line in result.stdout.splitlines() if line.startswith("WARNING health alarm at step"))
     assert f"at step {alarm}:" in warning
     assert any(name in warning for name in ("broken_tags", "no_answer", "lld/pos_logprob", "think_"))
@@ -145,3 +148,4 @@ def test_health_alarm_fires_before_the_validation_em_falls(answering_model, qa_p
     best = checkpointing.read_best(out)
     assert best is not None and best["value"] == max(row.get("val/test_em/all", 0) for row in rows if row["step"] > 0)
     assert best["step"] < fall and f"best:         {checkpointing.step_dir(out, best['step'])}" in summary
+    assert "the run went on to step 12 without saving" in summary  # save_freq=-1: the best is the latest

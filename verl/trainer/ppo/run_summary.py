@@ -39,8 +39,10 @@ def closing_summary(cfg: DictConfig, global_step: int, total_steps: int, metrics
     lines = [f"{what}; last {scores}"]
     checkpoint = checkpointing.find_latest(trainer.default_local_dir)
     if checkpoint is not None and not trainer.val_only:
-        lines.append(f"  checkpoint:   {checkpoint}  (to train on: the same command with a higher "
-                     "trainer.total_training_steps resumes here)")
+        at_end = Path(checkpoint).name == checkpointing.step_dir(trainer.default_local_dir, global_step).name
+        hint = ("to train on: the same command with a higher trainer.total_training_steps resumes here" if at_end
+                else f"the latest; the run went on to step {global_step} without saving")
+        lines.append(f"  checkpoint:   {checkpoint}  ({hint})")
         export = Path(checkpoint) / "huggingface"
         if export.is_dir():
             lines.append(f"  HF export:    {export}  (python infer.py --model {export} ...)")
