@@ -31,8 +31,8 @@ class AlgorithmConfig:
     lam: float = 1.0
     """GAE lambda (Schulman et al. 2016)"""
     adv_estimator: str = "gae"
-    """registered estimator: `gae` (PPO with critic), `grpo` (Shao et al. 2024), `rloo`,
-    `reinforce_plus_plus`, `reinforce_plus_plus_baseline`"""
+    """registered estimator: `gae` (PPO with critic), `grpo` (Shao et al. 2024), `rloo`, `reinforce` (Williams
+    1992, no baseline; Search-R1++), `reinforce_plus_plus`, `reinforce_plus_plus_baseline`"""
     norm_adv_by_std_in_grpo: bool = True
     """divide GRPO advantages by the group std (`false`: Dr. GRPO)"""
     use_kl_in_reward: bool = True
