@@ -1,4 +1,4 @@
-"""Starting Ray for the trainer, including on small CPU-only machines."""
+"""Starting Ray for the trainer, or joining the cluster the user started, including on small CPU-only machines."""
 
 from __future__ import annotations
 
@@ -21,6 +21,22 @@ DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
 CPU_MALLOC_ENV_VARS = {"MALLOC_ARENA_MAX": "2"}
 
 
+def cluster_address(address: str | None = None) -> str | None:
+    """The running cluster ``ray.init`` would join, as ``host:port``; None when it would start one.
+
+    ``address`` if given, else ``RAY_ADDRESS`` (which ``ray job submit`` sets for its entry point),
+    else the cluster ``ray start`` last started on this machine. Ray's own resolution is asked
+    (``canonicalize_bootstrap_address``, private in Ray 2.60, which requirements/ pin) so the trainer
+    decides exactly as ``ray.init`` does; a ``"local"`` address means a new local cluster.
+
+    Raises:
+        ConnectionError: ``address="auto"`` and no cluster runs.
+    """
+    from ray._private.services import canonicalize_bootstrap_address
+
+    return canonicalize_bootstrap_address(address)
+
+
 def init_ray(
     num_cpus: int | None = None,
     env_vars: dict[str, str] | None = None,
@@ -30,13 +46,16 @@ def init_ray(
     """Starts (or joins) Ray once per process; a no-op when Ray is already initialised.
 
     Args:
-        num_cpus: CPUs a new local cluster advertises (default: ``os.cpu_count()``). Worker actors
+        num_cpus: CPUs a new local cluster advertises (default: ``os.cpu_count()``; ignored when
+            joining a running cluster, whose nodes advertise their own). Worker actors
             on CPU request fractional CPUs (``RayResourcePool(cpus_per_worker=...)``), so two
             actors and the driver fit on a 2-core machine.
         env_vars: environment of every Ray worker process, on top of :data:`DEFAULT_ENV_VARS`; the
             driver's ``PYTHONPATH`` (plus its working directory) is passed on so workers import the
             same modules.
-        address: an existing cluster (``"auto"`` or ``"host:port"``); ``None`` starts a local one.
+        address: an existing cluster (``"auto"`` or ``"host:port"``); ``None`` joins the one
+            :func:`cluster_address` finds (``RAY_ADDRESS``, or ``ray start`` on this machine) and
+            starts a local one when there is none.
         ray_init_kwargs: passed to ``ray.init`` (e.g. ``object_store_memory``, ``namespace``).
 
     The dashboard is off (it costs a process and memory) and worker logs go to the driver. A SIGTERM
@@ -52,13 +71,16 @@ def init_ray(
         **runtime_env.get("env_vars", {}),
         **(env_vars or {}),
     }
-    if address is None and num_cpus is None:
+    joining = cluster_address(address) is not None
+    if not joining and num_cpus is None:
         num_cpus = os.cpu_count() or 1
     main_thread = threading.current_thread() is threading.main_thread()
     sigterm_handler = signal.getsignal(signal.SIGTERM) if main_thread else None
     ray.init(
-        address=address,
-        num_cpus=num_cpus if address is None else None,
+        # joining: the caller's address as given, so Ray resolves it (and its token authentication)
+        # as it always does; otherwise "local", so nothing Ray finds later is joined with num_cpus
+        address=address if joining else "local",
+        num_cpus=None if joining else num_cpus,
         include_dashboard=False,
         log_to_driver=True,
         runtime_env=runtime_env,
