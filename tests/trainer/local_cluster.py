@@ -97,9 +97,13 @@ class LocalRayCluster:
             self.nodes[name] = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                                 start_new_session=True)
 
-    def start_head(self) -> None:
-        self._start("head", ["--head", f"--port={self.port}", "--include-dashboard=false",
-                             f"--ray-client-server-port={_free_port()}"])
+    def start_head(self, dashboard: bool = False) -> None:
+        """Start the head (``ray start --head``); with ``dashboard``, its job server too (``ray job submit``
+        talks to it at :attr:`dashboard_url`)."""
+        self.dashboard_url = f"http://127.0.0.1:{_free_port()}" if dashboard else None
+        web = ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+               f"--dashboard-port={self.dashboard_url.rsplit(':', 1)[1]}"] if dashboard else ["--include-dashboard=false"]
+        self._start("head", ["--head", f"--port={self.port}", *web, f"--ray-client-server-port={_free_port()}"])
 
     def add_node(self, name: str) -> None:
         """Start a worker node joining the head (``ray start --address=<head>``)."""

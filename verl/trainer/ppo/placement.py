@@ -111,7 +111,7 @@ def plan_placement(cfg: PPOConfig, plan: RunPlan, use_gpu: bool) -> PlacementPla
 def fit_problems(placement: PlacementPlan, nodes) -> list[str]:
     """Why the cluster of ``nodes`` (:class:`~verl.single_controller.ray.nodes.RayNode`) can never hold
     ``placement``, judged on each alive node's total resources; empty when it can."""
-    alive = [node for node in nodes if node.alive]
+    alive = sorted((node for node in nodes if node.alive), key=lambda node: node.node_id)
     need = placement.node_bundle()
     large = [node for node in alive if all(node.resources.get(key, 0.0) >= value for key, value in need.items())]
     if len(large) >= placement.nnodes:
