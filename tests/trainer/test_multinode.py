@@ -91,6 +91,20 @@ def test_multinode_plan_needs_as_many_large_enough_alive_nodes():
                                 "trainer.n_gpus_per_node=3: an engine's ranks share one node"]
 
 
+def test_multinode_join_refused_by_token_authentication_says_what_to_set(monkeypatch):
+    """Ray's own refusal (a ConnectionError caused by InvalidAuthToken) becomes one line naming the fix."""
+    from verl.single_controller.ray.init import _join_failure
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.1:6379")
+    refused = ConnectionError("Failed to connect to Ray cluster at 10.0.0.1:6379")
+    refused.__cause__ = RuntimeError("Failed to connect to GCS: RPC error: InvalidAuthToken: Authentication token is missing")
+    assert _join_failure("10.0.0.1:6379", refused) == (
+        "RAY_ADDRESS=10.0.0.1:6379: the cluster refused this process's token: it uses token authentication; set "
+        "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<`ray get-auth-token` on the head> (docs/multinode.md)")
+    assert _join_failure("10.0.0.1:6379", ConnectionError("timed out")).endswith(
+        "cannot join the Ray cluster there (timed out); is it running (`ray status` on the head)?")
+
+
 def test_multinode_dry_run_plans_search_r1_script_for_its_gpus(cluster, tiny_qwen_path, qa_parquet,
                                                                retriever_url, tmp_path):
     """Search-R1's example/multinode/train_ppo_multinode_32b.sh: `ray job submit --address=<job server>

@@ -4,7 +4,7 @@ The overrides are Hydra's grammar over ``config/ppo_trainer.yaml`` (:mod:`verl.t
 :func:`verl.trainer.ppo.config.load_config` names an unknown key, a wrong type or a bad combination
 in one line, before Ray starts or any model is loaded (exit status 2); so do a model path that is
 no model folder and a missing data file (:func:`check_paths`). A finished run ends with where its
-outputs are (:func:`verl.trainer.ppo.run_summary.closing_summary`); a run stopped by SIGINT/SIGTERM
+outputs are (:func:`verl.trainer.ppo.run_summary.closing_summary`); a run stopped by SIGINT/SIGTERM,
 by Ray's memory monitor or by the loss of a node ends with one line saying so
 (:mod:`verl.trainer.run_exit`). ``trainer.dry_run=true`` stops before the workers start, after
 printing the run plan and the placement of its ranks (:mod:`verl.trainer.ppo.placement`).

@@ -76,8 +76,8 @@ class WorkerNodeLostError(WorkerDiedError):
     share a collective with it fail too). ``ranks`` are those the lost node hosted.
     """
 
-    def __init__(self, ranks: list[int], method: str, node: str, detail: str = "") -> None:
-        super().__init__(ranks[0], method, f"its node {node} left the cluster{': ' + detail if detail else ''}")
+    def __init__(self, ranks: list[int], method: str, node: str) -> None:
+        super().__init__(ranks[0], method, f"its node {node} left the cluster")
         self.ranks = ranks
         self.node = node
 

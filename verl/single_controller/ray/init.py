@@ -9,6 +9,8 @@ from typing import Any
 
 import ray
 
+from verl.utils.config import ConfigError
+
 DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
 
 # glibc malloc settings for CPU-only runs, where the actor, reference, optimizer and vLLM engine
@@ -19,6 +21,10 @@ DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
 # worker's optional heap tuning (verl.utils.host_memory, trainer.host_memory) applies a threshold
 # to the actor update only and trims the heap after each phase.
 CPU_MALLOC_ENV_VARS = {"MALLOC_ARENA_MAX": "2"}
+
+
+class ClusterJoinError(ConfigError):
+    """The running Ray cluster could not be joined (unreachable, or its token authentication refused us)."""
 
 
 def cluster_address(address: str | None = None) -> str | None:
@@ -35,6 +41,15 @@ def cluster_address(address: str | None = None) -> str | None:
     from ray._private.services import canonicalize_bootstrap_address
 
     return canonicalize_bootstrap_address(address)
+
+
+def _join_failure(address: str, error: ConnectionError) -> str:
+    """One line for a cluster that did not let this process join."""
+    where = f"RAY_ADDRESS={os.environ['RAY_ADDRESS']}" if os.environ.get("RAY_ADDRESS") else f"the Ray cluster at {address}"
+    if "InvalidAuthToken" in f"{error} {error.__cause__}":
+        return (f"{where}: the cluster refused this process's token: it uses token authentication; set "
+                f"RAY_AUTH_MODE=token and RAY_AUTH_TOKEN=<`ray get-auth-token` on the head> (docs/multinode.md)")
+    return f"{where}: cannot join the Ray cluster there ({error}); is it running (`ray status` on the head)?"
 
 
 def init_ray(
@@ -58,6 +73,10 @@ def init_ray(
             starts a local one when there is none.
         ray_init_kwargs: passed to ``ray.init`` (e.g. ``object_store_memory``, ``namespace``).
 
+    Raises:
+        ClusterJoinError: a running cluster was found but could not be joined (one line: where, why,
+            what to set).
+
     The dashboard is off (it costs a process and memory) and worker logs go to the driver. A SIGTERM
     handler the caller installed stays in place.
     """
@@ -76,16 +95,21 @@ def init_ray(
         num_cpus = os.cpu_count() or 1
     main_thread = threading.current_thread() is threading.main_thread()
     sigterm_handler = signal.getsignal(signal.SIGTERM) if main_thread else None
-    ray.init(
-        # joining: the caller's address as given, so Ray resolves it (and its token authentication)
-        # as it always does; otherwise "local", so nothing Ray finds later is joined with num_cpus
-        address=address if joining else "local",
-        num_cpus=None if joining else num_cpus,
-        include_dashboard=False,
-        log_to_driver=True,
-        runtime_env=runtime_env,
-        **ray_init_kwargs,
-    )
+    try:
+        ray.init(
+            # joining: the caller's address as given, so Ray resolves it (and its token authentication)
+            # as it always does; otherwise "local", so nothing Ray finds later is joined with num_cpus
+            address=address if joining else "local",
+            num_cpus=None if joining else num_cpus,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env=runtime_env,
+            **ray_init_kwargs,
+        )
+    except ConnectionError as error:
+        if not joining:
+            raise
+        raise ClusterJoinError(_join_failure(cluster_address(address), error)) from None
     if callable(sigterm_handler):
         # ray.init replaces the SIGTERM handler with a bare sys.exit; keep the caller's (the
         # entry points' clean stop, verl.utils.signals.stop_on_signals)

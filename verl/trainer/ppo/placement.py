@@ -49,6 +49,7 @@ class PlacementPlan:
 
     @property
     def world_size(self) -> int:
+        """All ranks: ``nnodes x ranks_per_node``."""
         return self.nnodes * self.ranks_per_node
 
     @property
@@ -95,6 +96,7 @@ class PlacementPlan:
         return "\n".join(lines + [f"  problem: {problem}" for problem in self.problems()])
 
     def node_ranks(self, node: int) -> list[int]:
+        """The ranks of node ``node`` (numbered node by node)."""
         return list(range(node * self.ranks_per_node, (node + 1) * self.ranks_per_node))
 
 
@@ -105,7 +107,8 @@ def plan_placement(cfg: PPOConfig, plan: RunPlan, use_gpu: bool) -> PlacementPla
     rollout = cfg.actor_rollout_ref.rollout
     return PlacementPlan(nnodes=cfg.trainer.nnodes, ranks_per_node=cfg.trainer.n_gpus_per_node, use_gpu=use_gpu,
                          cpus_per_rank=1.0, roles=tuple(roles), rollout_engine=rollout.name,
-                         tensor_parallel=rollout.tensor_model_parallel_size)
+                         # only vLLM splits an engine over ranks; the transformers engine is one per rank
+                         tensor_parallel=rollout.tensor_model_parallel_size if rollout.name == "vllm" else 1)
 
 
 def fit_problems(placement: PlacementPlan, nodes) -> list[str]:
@@ -141,8 +144,7 @@ def describe_ranks(rank_nodes: dict[int, str], placement: PlacementPlan) -> str:
     from verl.single_controller.ray.nodes import cluster_nodes
 
     ips = {node.node_id: node.ip for node in cluster_nodes()}
-    used = sorted(set(rank_nodes.values()), key=lambda n: min(r for r, m in rank_nodes.items() if m == n))
-    lines = [f"placement: {len(rank_nodes)} rank(s) on {len(used)} Ray node(s)"]
+    lines = [f"placement: {len(rank_nodes)} rank(s) on {len(set(rank_nodes.values()))} Ray node(s)"]
     for node in range(placement.nnodes):
         ranks = placement.node_ranks(node)
         for node_id in dict.fromkeys(rank_nodes[r] for r in ranks):
