@@ -186,18 +186,18 @@ def test_multinode_lost_node_ends_in_one_line_and_the_resume_continues(cluster, 
     _ok(result)
     lost_id = cluster.node_ids()["second"]
     command = overrides + ["trainer.total_training_steps=3"]
-    log = tmp_path / "stdout.txt"
-    with open(log, "w") as stdout:
+    log, err = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(log, "w") as stdout, open(err, "w") as stderr:  # files: a full pipe would stall the run
         proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *command], cwd=REPO,
-                                env=main_env(cluster.driver_env()), stdout=stdout, stderr=subprocess.PIPE, text=True)
+                                env=main_env(cluster.driver_env()), stdout=stdout, stderr=stderr)
         try:  # the run resumed from step 2 on both nodes; step 3 starts: the second node goes
             wait_for(lambda: "resumed from" in log.read_text(), timeout=300, proc=proc)
             cluster.kill_raylet("second")
-            _, stderr = proc.communicate(timeout=300)
+            proc.wait(timeout=300)
         finally:
             if proc.poll() is None:
                 proc.kill()
-    stdout = log.read_text()
+    stdout, stderr = log.read_text(), err.read_text()
     assert f"resumed from {out / 'global_step_2'} at global step 2" in stdout
     assert proc.returncode == 1, stdout[-3000:] + stderr[-3000:]
     latest = checkpointing.find_latest(out)
