@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -12,12 +13,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def run_main(overrides: list[str], timeout: int = 600, **popen) -> subprocess.CompletedProcess:
+def main_env(extra_env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment the entry point runs in here: offline, quiet, this checkout first (plus ``extra_env``)."""
+    return dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
+                VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(REPO), **(extra_env or {}))
+
+
+def run_main(overrides: list[str], timeout: int = 600, extra_env: dict[str, str] | None = None,
+             **popen) -> subprocess.CompletedProcess:
     """``python -m verl.trainer.main_ppo`` with overrides, as a user runs it."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               VLLM_CPU_KVCACHE_SPACE="1", PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=timeout, **popen)
+    return subprocess.run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=REPO,
+                          env=main_env(extra_env), capture_output=True, text=True, timeout=timeout, **popen)
 
 
 def tiny_overrides(model: str, data: dict, url: str, out: Path, algo: str) -> list[str]:
@@ -61,3 +67,16 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None) ->
         if time.time() > deadline:
             raise AssertionError("timed out")
         time.sleep(0.2)
+
+
+def search_r1_script(path: Path, values: dict[str, str]) -> tuple[str, list[str]]:
+    """A Search-R1 script's entry module and overrides (``tests/trainer/data/search_r1_scripts/*.args``)
+    as its shell would pass them, with ``values`` (``{"$BASE_MODEL": ...}``) substituted."""
+    lines = Path(path).read_text().splitlines()
+    module = lines[0].rsplit(": ", 1)[1]
+    overrides = []
+    for line in lines[1:]:
+        for name, value in values.items():
+            line = line.replace(name, value)
+        overrides += shlex.split(line)
+    return module, overrides
