@@ -80,6 +80,7 @@ class ToolCallEnvironment(Environment):
     config_class = ToolCallConfig
     environment_text = prompts.TOOL_RESPONSE_TEXT
     counters = SEARCH_COUNTERS
+    data_sources = QA_DATA_SOURCES
 
     def __init__(self, tokenizer, tool: SearchTool, max_obs_length: int) -> None:
         super().__init__(tokenizer)
@@ -147,9 +148,6 @@ class ToolCallEnvironment(Environment):
                 f"no reward function for data_source {data_source!r}; known: {sorted(QA_DATA_SOURCES)}")
         em = score_answer(prompts.last_answer(solution_str), ground_truth, match=em_check)
         return {"score": em, "em": em}
-
-    def check_data_sources(self, sources: set[str]) -> list[str]:
-        return sorted(sources - QA_DATA_SOURCES)
 
     def extract_answer(self, response: str) -> Optional[str]:
         return prompts.last_answer(response)

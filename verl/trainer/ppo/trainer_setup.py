@@ -78,10 +78,12 @@ def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None, env: E
         dataset = RLHFDataset(files, tokenizer, cfg.data, env)
     except (ValueError, FileNotFoundError) as error:  # the message names file, row and field
         raise ConfigError(str(error)) from None
-    unknown = env.check_data_sources({str(row.get("data_source")) for row in dataset.rows})
+    unknown = sorted({str(row.get("data_source")) for row in dataset.rows} - env.data_sources) \
+        if env.data_sources is not None else []
     if unknown:
         raise ConfigError(f"{', '.join(map(str, files))}: data_source {', '.join(map(repr, unknown))} has no reward "
-                          f"function in environment {env.name!r} (docs/quickstart.md, custom data)")
+                          f"function in environment {env.name!r}; use one of {sorted(env.data_sources)} "
+                          f"(docs/quickstart.md, custom data)")
     return _Head(dataset, max_rows)
 
 
