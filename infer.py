@@ -2,10 +2,11 @@
 
     python infer.py --model PATH_OR_ID --question "Who wrote Hamlet?" \
         [--retriever_url http://127.0.0.1:8000/retrieve] [--topk 3] [--temperature 0] \
-        [--engine vllm|hf] [--max_turns 4]
+        [--engine vllm|hf] [--max_turns 4] [--env search_r1|tool_call]
 
-It runs the training rollout's own loop (Search-R1's environment in ``MultiTurnRollout``) on a batch of one and prints the
-trajectory (think/search/information/answer) and the final answer. A model path that is no model
+It runs the training rollout's own loop (``MultiTurnRollout`` in the environment the model was
+trained in) on a batch of one and prints the trajectory (think/search/information/answer) and the
+final answer. A model path that is no model
 folder and a retriever that does not answer are reported in one line (exit code 2) before the
 model loads.
 """
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import sys
 
 
@@ -38,6 +38,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--template", default="base", help="prompt template name in search_r1.envs.search_r1.prompts.TEMPLATES")
     p.add_argument("--no_search", action="store_true", help="R1 without search")
+    p.add_argument("--env", choices=["search_r1", "tool_call"], default="search_r1",
+                   help="the environment the model was trained in (env.name)")
     return p.parse_args(argv)
 
 
@@ -63,12 +65,14 @@ def check_inputs(args) -> None:
 
 
 def build_rollout(args):
+    """The tokenizer and the training's multi-turn rollout in the chosen environment (``--env``)."""
     from transformers import AutoTokenizer
 
-    from search_r1.envs.search_r1 import search_rollout
+    from search_r1.envs import SearchR1Environment, ToolCallEnvironment
+    from search_r1.envs.search_tool import SearchTool
     from search_r1.search.client import RetrieverClient
     from verl.workers.rollout import build_rollout_engine
-    from verl.workers.rollout.agent_loop import LoopConfig
+    from verl.workers.rollout.agent_loop import LoopConfig, MultiTurnRollout
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     engine = build_rollout_engine({"name": args.engine, "dtype": args.dtype, "max_model_len": args.max_model_len},
@@ -77,17 +81,19 @@ def build_rollout(args):
                       max_prompt_length=args.max_model_len - args.max_tokens,
                       max_response_length=args.max_response_length, mode="sync")
     retriever = None if args.no_search else RetrieverClient(args.retriever_url, topk=args.topk)
-    return tokenizer, search_rollout(tokenizer, engine, retriever, loop, args.max_obs_length)
+    env_class = {"search_r1": SearchR1Environment, "tool_call": ToolCallEnvironment}[args.env]
+    env = env_class(tokenizer, SearchTool(retriever), args.max_obs_length)
+    return tokenizer, MultiTurnRollout(tokenizer, engine, env, loop)
 
 
-def prompt_ids(tokenizer, question: str, template: str) -> list[int]:
-    from search_r1.envs.search_r1.prompts import make_prefix
+def prompt_ids(tokenizer, env, question: str, template: str) -> list[int]:
+    """The prompt as training builds it from a Search-R1 row of ``question`` (in ``env``'s form)."""
+    from search_r1.envs.search_r1.prompts import prompt_messages
+    from verl.utils.dataset.rl_dataset import render_prompt
 
-    text = make_prefix(question, template)
-    if tokenizer.chat_template:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                             add_generation_prompt=True)
-    return tokenizer.encode(text, add_special_tokens=False)
+    row = {"prompt": prompt_messages(question, template)}
+    messages = env.prompt_messages(row, row["prompt"])
+    return tokenizer.encode(render_prompt(tokenizer, messages, **env.chat_template_kwargs()), add_special_tokens=False)
 
 
 def answer(tokenizer, rollout, question: str, args) -> str:
@@ -95,7 +101,8 @@ def answer(tokenizer, rollout, question: str, args) -> str:
     from verl.protocol import DataProto
     from verl.workers.rollout.base import SamplingParams
 
-    batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": [prompt_ids(tokenizer, question, args.template)]})
+    batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": [prompt_ids(tokenizer, rollout.env, question,
+                                                                           args.template)]})
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens)
     out = rollout.run(batch, params)
     width = out.batch["prompts"].shape[1]
@@ -104,8 +111,7 @@ def answer(tokenizer, rollout, question: str, args) -> str:
     print(trajectory)
     stats = {k: int(out.batch[k][0]) for k in ("turns", "valid_search", "finished", "truncated")}
     print(f"--- {stats} timing={ {k: round(v, 2) for k, v in out.meta_info['timing'].items()} }")
-    answers = re.findall(r"<answer>(.*?)</answer>", trajectory, re.DOTALL)
-    final = answers[-1].strip() if answers else ""
+    final = rollout.env.extract_answer(trajectory) or ""
     print(f"Final answer: {final or '(none)'}")
     return final
 

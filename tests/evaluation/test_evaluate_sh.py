@@ -48,9 +48,11 @@ def embedded_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("evaluate")
     url = f"http://127.0.0.1:{_free_port()}/retrieve"
     # RETRIEVER_URL as README's "sharing the machine" gives it: a server is still started there;
-    # CKPT_DIR without a checkpoint: the no-argument run falls back to the warm start
-    result = _evaluate(["--max_per_source", "1"], ROLLOUT_NAME="hf", RETRIEVER_URL=url, CKPT_DIR=str(root / "no_run"),
-                       DATA_DIR=str(root / "data"), QA_DIR="example/qa", OUTPUT_DIR=str(root / "out"))
+    # CKPT_DIR without a checkpoint: the no-argument run falls back to the warm start, which a fresh
+    # machine builds first (an SFT of SmolLM2: ~4 minutes on 2 idle cores, more on a shared machine)
+    result = _evaluate(["--max_per_source", "1"], timeout=1500, ROLLOUT_NAME="hf", RETRIEVER_URL=url,
+                       CKPT_DIR=str(root / "no_run"), DATA_DIR=str(root / "data"), QA_DIR="example/qa",
+                       OUTPUT_DIR=str(root / "out"))
     return result, root / "out", url
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -66,3 +67,16 @@ def wait_for(predicate, timeout: float, proc: subprocess.Popen | None = None) ->
         if time.time() > deadline:
             raise AssertionError("timed out")
         time.sleep(0.2)
+
+
+def search_r1_script(path: Path, values: dict[str, str]) -> tuple[str, list[str]]:
+    """A Search-R1 script's entry module and overrides (``tests/trainer/data/search_r1_scripts/*.args``)
+    as its shell would pass them, with ``values`` (``{"$BASE_MODEL": ...}``) substituted."""
+    lines = Path(path).read_text().splitlines()
+    module = lines[0].rsplit(": ", 1)[1]
+    overrides = []
+    for line in lines[1:]:
+        for name, value in values.items():
+            line = line.replace(name, value)
+        overrides += shlex.split(line)
+    return module, overrides

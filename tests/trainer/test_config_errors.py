@@ -3,7 +3,6 @@ Search-R1's own scripts get through unchanged."""
 
 import dataclasses
 import logging
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,8 @@ from verl.trainer.main_ppo import parse_config
 from verl.trainer.ppo.config import PPOConfig, load_config
 from verl.trainer.ppo.run_plan import make_run_plan
 from verl.utils.config import ConfigError
+
+from .helpers import search_r1_script
 
 SCRIPTS = Path(__file__).resolve().parent / "data" / "search_r1_scripts"
 
@@ -187,17 +188,10 @@ def test_compat_keys_are_accepted_and_warn_only_when_changed(caplog):
 
 def _script_overrides(path: Path, tmp_path: Path) -> tuple[str, list[str]]:
     """A Search-R1 script's module and overrides as its shell would pass them, paths substituted."""
-    lines = path.read_text().splitlines()
-    module = lines[0].rsplit(": ", 1)[1]
-    values = {"$BASE_MODEL": str(tmp_path / "model"), "$DATA_DIR": str(tmp_path / "data"),
-              "$TRAIN_DATA_DIR": str(tmp_path / "data"), "$TEST_DATA_DIR": str(tmp_path / "data"),
-              "$EXPERIMENT_NAME": "search-r1-script", "$WAND_PROJECT": "Search-R1", "$N_NODES": "4"}
-    overrides = []
-    for line in lines[1:]:
-        for name, value in values.items():
-            line = line.replace(name, value)
-        overrides += shlex.split(line)
-    return module, overrides
+    return search_r1_script(path, {
+        "$BASE_MODEL": str(tmp_path / "model"), "$DATA_DIR": str(tmp_path / "data"),
+        "$TRAIN_DATA_DIR": str(tmp_path / "data"), "$TEST_DATA_DIR": str(tmp_path / "data"),
+        "$EXPERIMENT_NAME": "search-r1-script", "$WAND_PROJECT": "Search-R1", "$N_NODES": "4"})
 
 
 @pytest.mark.parametrize("script", sorted(SCRIPTS.glob("*.args")), ids=lambda p: p.stem)

@@ -54,6 +54,18 @@ def test_infer_names_an_unreachable_retriever(tiny_qwen_path):
     assert "retrieval_launch.sh" in line and "--no_search" in line
 
 
+@pytest.mark.parametrize("env", ["search_r1", "tool_call"])
+def test_infer_answers_in_each_environment(env, tiny_qwen_path):
+    """infer.py runs the training's loop in the environment the model was trained in: the prompt is
+    that environment's (tool_call: the chat template with the search tool) and the run ends with the
+    final-answer line (a random model answers nothing)."""
+    result = _run([sys.executable, "infer.py", "--model", tiny_qwen_path, "--env", env, "--no_search", "--engine",
+                   "hf", "--question", "who wrote hamlet", "--max_turns", "1", "--max_tokens", "4",
+                   "--max_model_len", "2048"], timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Final answer: (none)" in result.stdout and "'turns': " in result.stdout
+
+
 def test_trainer_names_a_missing_model_path():
     line = _one_error_line(_run([sys.executable, "-m", "verl.trainer.main_ppo",
                                  "actor_rollout_ref.model.path=/nonexistent/model"]))

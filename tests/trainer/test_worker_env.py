@@ -1,5 +1,7 @@
 """Ray worker environment: the CPU malloc settings reach ray.init (they only act at process start)."""
 
+from types import SimpleNamespace
+
 from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
 from verl.trainer.ppo import worker_setup
 from verl.trainer.ppo.config import load_config
@@ -21,12 +23,17 @@ def test_cpu_default_is_the_malloc_settings_and_a_mapping_replaces_it():
 def test_start_group_passes_them_to_init_ray(monkeypatch):
     import verl.single_controller.ray as ray_pkg
     import verl.single_controller.ray.init as ray_init
+    from verl.trainer.ppo import placement
 
     seen = {}
     monkeypatch.setattr(ray_init, "init_ray", lambda **kwargs: seen.update(kwargs))
     monkeypatch.setattr(ray_pkg, "RayResourcePool", lambda **kwargs: "pool")
-    monkeypatch.setattr(ray_pkg, "RayWorkerGroup", lambda pool, bundle: (pool, bundle))
-    monkeypatch.setattr(worker_setup, "_use_gpu", lambda: False)
+    monkeypatch.setattr(ray_pkg, "RayWorkerGroup", lambda pool, bundle: SimpleNamespace(pool=pool, bundle=bundle,
+                                                                                         rank_nodes={0: "n"}))
+    monkeypatch.setattr(placement, "check_placement", lambda plan: None)
+    monkeypatch.setattr(placement, "describe_ranks", lambda rank_nodes, plan: "placement: 1 rank")
+    monkeypatch.setattr(worker_setup, "use_gpu", lambda: False)
     cfg = load_config({"trainer": {"n_gpus_per_node": 1}})
-    assert worker_setup._start_group(cfg, make_run_plan(cfg, 1), "bundle") == ("pool", "bundle")
+    group = worker_setup._start_group(cfg, make_run_plan(cfg, 1), "bundle")
+    assert (group.pool, group.bundle) == ("pool", "bundle")
     assert seen["env_vars"] == CPU_MALLOC_ENV_VARS

@@ -67,6 +67,7 @@ class Environment(abc.ABC):
         environment_text: matches the text the environment writes into a trajectory (SFT data
             masks it out of the loss).
         counters: per-row integer statistics the environment's actions and observations count.
+        data_sources: the ``data_source`` values it has a reward for (None: any).
 
     Instances are bound to a tokenizer and picklable (the async loop sends them to the workers).
     """
@@ -75,6 +76,8 @@ class Environment(abc.ABC):
     config_class: ClassVar[type]
     environment_text: ClassVar[re.Pattern]
     counters: ClassVar[tuple[str, ...]] = ()
+    data_sources: ClassVar[Optional[frozenset]] = None
+    """the ``data_source`` values :meth:`compute_score` scores (None: any)"""
     health_rules: ClassVar[Mapping[str, tuple[str, float]]] = {}
     """alarm rules of :meth:`health` signals: name -> (kind, threshold), kind ``rise`` / ``fall``
     (the step's mean moved up / down by more than the threshold from its mean over the run's first
@@ -146,10 +149,6 @@ class Environment(abc.ABC):
                       **kwargs) -> float | dict:
         """Reward of one decoded response: a float or ``{"score", ...}`` (other keys are per-row
         extras, e.g. ``em``). ``kwargs`` may hold ``action_prefix`` (see :meth:`open_tag`)."""
-
-    def check_data_sources(self, sources: set[str]) -> list[str]:
-        """The ``data_source`` values among ``sources`` that :meth:`compute_score` cannot score."""
-        return []
 
     @classmethod
     def describe(cls, config) -> dict:

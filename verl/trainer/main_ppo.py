@@ -4,8 +4,10 @@ The overrides are Hydra's grammar over ``config/ppo_trainer.yaml`` (:mod:`verl.t
 :func:`verl.trainer.ppo.config.load_config` names an unknown key, a wrong type or a bad combination
 in one line, before Ray starts or any model is loaded (exit status 2); so do a model path that is
 no model folder and a missing data file (:func:`check_paths`). A finished run ends with where its
-outputs are (:func:`verl.trainer.ppo.run_summary.closing_summary`); a run stopped by SIGINT/SIGTERM
-or by Ray's memory monitor ends with one line saying so (:mod:`verl.trainer.run_exit`).
+outputs are (:func:`verl.trainer.ppo.run_summary.closing_summary`); a run stopped by SIGINT/SIGTERM,
+by Ray's memory monitor or by the loss of a node ends with one line saying so
+(:mod:`verl.trainer.run_exit`). ``trainer.dry_run=true`` stops before the workers start, after
+printing the run plan and the placement of its ranks (:mod:`verl.trainer.ppo.placement`).
 """
 
 from __future__ import annotations
@@ -33,9 +35,13 @@ def parse_config(overrides: Sequence[str], config_name: str = "ppo_trainer") -> 
 
 
 def run_ppo(config: PPOConfig) -> dict:
-    """Build the trainer and train (or only validate). Returns the last metrics."""
-    from verl.trainer.ppo.trainer_setup import build_trainer
+    """Build the trainer and train (or only validate; or, with ``trainer.dry_run``, only plan). Returns
+    the last metrics."""
+    from verl.trainer.ppo.trainer_setup import build_trainer, dry_run
 
+    if config.trainer.dry_run:
+        dry_run(config)
+        return {}
     trainer = build_trainer(config)
     try:
         metrics = trainer.fit()

@@ -6,7 +6,10 @@ the work's own ``finally`` blocks shut its workers and Ray down, then
 * a SIGINT/SIGTERM (:class:`~verl.utils.signals.RunStopped`) ends the process with
   ``stopped by SIGINT: ...`` and status 128 + the signal (130, 143), as a shell reports it;
 * Ray's memory monitor killing a worker (:class:`~verl.single_controller.WorkerOutOfMemoryError`)
-  ends it with ``error: out of memory: ...`` (what ran out, how much, what to change) and status 1.
+  ends it with ``error: out of memory: ...`` (what ran out, how much, what to change) and status 1;
+* a node hosting ranks leaving the cluster (:class:`~verl.single_controller.WorkerNodeLostError`)
+  ends it with ``error: lost Ray node <id> (<ip>) ...`` and status 1; ``stopped`` adds where the
+  latest checkpoint is, which the same command resumes from once the cluster has its nodes again.
 
 Ray is shut down here too, for work that stopped before it held its worker groups.
 """
@@ -22,6 +25,7 @@ from verl.utils.signals import Received, RunStopped, stop_on_signals
 T = TypeVar("T")
 
 EXIT_OUT_OF_MEMORY = 1
+EXIT_NODE_LOST = 1
 
 # What makes a run smaller in host memory, in the order worth trying (docs/configuration.md).
 MEMORY_KEYS = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.kv_cache_space_gib",
@@ -38,7 +42,7 @@ def run_or_exit(work: Callable[[], T], stopped: Callable[[], str] = lambda: "") 
         what ``work`` returned.
     Raises:
         SystemExit: 128 + signal after SIGINT/SIGTERM, :data:`EXIT_OUT_OF_MEMORY` after an
-            out-of-memory kill.
+            out-of-memory kill, :data:`EXIT_NODE_LOST` after a node was lost.
     """
     received = Received()
     try:
@@ -52,8 +56,12 @@ def run_or_exit(work: Callable[[], T], stopped: Callable[[], str] = lambda: "") 
     except Exception as error:
         # imported here: the single controller brings Ray, which a run that never starts workers
         # (a config error, the train scripts' wrapper) should not pay for
-        from verl.single_controller.base.worker_group import WorkerOutOfMemoryError
+        from verl.single_controller.base.worker_group import WorkerNodeLostError, WorkerOutOfMemoryError
 
+        if isinstance(error, WorkerNodeLostError):
+            _shutdown_ray()
+            print(f"error: {node_lost_line(error)}{stopped()}", file=sys.stderr, flush=True)
+            sys.exit(EXIT_NODE_LOST)
         if not isinstance(error, WorkerOutOfMemoryError):
             raise
         _shutdown_ray()
@@ -75,6 +83,14 @@ def out_of_memory_line(error) -> str:
     return (f"out of memory: Ray's memory monitor killed worker rank {error.rank} during {error.method}{worker}"
             f"{node}{other}. Memory is shared by every run on this machine: run one at a time (README, sharing "
             f"the machine), or make this run smaller ({', '.join(MEMORY_KEYS)})")
+
+
+def node_lost_line(error) -> str:
+    """One line for a :class:`~verl.single_controller.WorkerNodeLostError`: which node, which ranks,
+    during which call."""
+    ranks = ", ".join(map(str, error.ranks))
+    return (f"lost Ray node {error.node}, which ran worker rank(s) {ranks}, during {error.method}: its raylet "
+            f"stopped answering (the machine, its network or Ray's processes on it went down)")
 
 
 def _shutdown_ray() -> None:

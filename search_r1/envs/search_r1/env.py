@@ -53,6 +53,7 @@ class SearchR1Environment(Environment):
     config_class = SearchR1Config
     environment_text = ENVIRONMENT_TEXT
     counters = SEARCH_COUNTERS
+    data_sources = QA_DATA_SOURCES
     health_rules = health.HEALTH_RULES
     health_by_source = ("searches",)
 
@@ -119,9 +120,6 @@ class SearchR1Environment(Environment):
     # ---- scoring and reading trajectories ---------------------------------------------------------
     def compute_score(self, data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs) -> dict:
         return reward.compute_score(data_source, solution_str, ground_truth, extra_info, **self.score_kwargs, **kwargs)
-
-    def check_data_sources(self, sources: set[str]) -> list[str]:
-        return sorted(sources - QA_DATA_SOURCES)
 
     def extract_answer(self, response: str) -> Optional[str]:
         return extract_solution(response)

@@ -80,6 +80,7 @@ class ToolCallEnvironment(Environment):
     config_class = ToolCallConfig
     environment_text = prompts.TOOL_RESPONSE_TEXT
     counters = SEARCH_COUNTERS
+    data_sources = QA_DATA_SOURCES
 
     def __init__(self, tokenizer, tool: SearchTool, max_obs_length: int) -> None:
         super().__init__(tokenizer)
@@ -150,9 +151,6 @@ class ToolCallEnvironment(Environment):
         em = score_answer(answer, ground_truth, match=em_check)
         f1 = f1_score(answer, ground_truth) if answer is not None else 0.0
         return {"score": em, "em": em, "f1": f1, "cover_em": score_answer(answer, ground_truth, match=cover_em_check)}
-
-    def check_data_sources(self, sources: set[str]) -> list[str]:
-        return sorted(sources - QA_DATA_SOURCES)
 
     def extract_answer(self, response: str) -> Optional[str]:
         return prompts.last_answer(response)

@@ -8,6 +8,7 @@ from verl.single_controller.base.worker_group import (
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
+    WorkerNodeLostError,
     WorkerOutOfMemoryError,
     WorkerTimeoutError,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "WorkerDiedError",
     "WorkerError",
     "WorkerGroup",
+    "WorkerNodeLostError",
     "WorkerOutOfMemoryError",
     "WorkerTimeoutError",
     "create_colocated_worker_cls",

@@ -76,6 +76,15 @@ class WorkerHost:
             sock.bind(("", 0))
             return ip, sock.getsockname()[1]
 
+    def node_id(self) -> str:
+        """Ray's id of the node this rank runs on ("" outside Ray): where the rank was placed."""
+        try:
+            import ray
+
+            return ray.get_runtime_context().get_node_id() if ray.is_initialized() else ""
+        except ImportError:
+            return ""
+
     def init_workers(self, env: dict[str, str]) -> int:
         """Sets the rank's environment, then builds each role's worker (in role order). Returns the pid."""
         os.environ.update(env)

@@ -69,6 +69,19 @@ _RAY_THRESHOLD = re.compile(r"exceeded threshold of \d+B \((?P<threshold>[\d.]+)
 _RAY_KILLED = re.compile(r"actual memory used=(?P<worker_used>[\d.]+[KMGT]?B)")
 
 
+class WorkerNodeLostError(WorkerDiedError):
+    """A node hosting ranks of the group left the cluster (its raylet died or the machine is gone).
+
+    Raised in place of whatever error reached the controller first (a lost peer makes the ranks that
+    share a collective with it fail too). ``ranks`` are those the lost node hosted.
+    """
+
+    def __init__(self, ranks: list[int], method: str, node: str) -> None:
+        super().__init__(ranks[0], method, f"its node {node} left the cluster")
+        self.ranks = ranks
+        self.node = node
+
+
 class WorkerTimeoutError(WorkerError, TimeoutError):
     """Ranks gave no result within the group's timeout (a hang, e.g. a collective missing a peer)."""
 

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+
+# The label every Ray node carries with its id (Ray >= 2.4x), which bundle label selectors match.
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,11 @@ class RankSlot:
 class RayResourcePool:
     """``process_on_nodes[i]`` worker processes on node i (one GPU each when ``use_gpu``).
 
-    One placement group per node, its bundles packed on one node (``STRICT_PACK``), as veRL does.
-    Ranks are numbered node by node. ``max_colocate_count`` worker groups (separate actors) may
+    One placement group per node, its bundles packed on one node (``STRICT_PACK``), as veRL does,
+    and each group on a node of its own: with several nodes the groups are placed one after the
+    other, each excluding the nodes taken (a label selector on the node id). Without that, Ray packs
+    small groups (CPU ranks) onto one node and ``trainer.nnodes`` would not mean nodes. Ranks are
+    numbered node by node. ``max_colocate_count`` worker groups (separate actors) may
     share a bundle: each actor then takes ``1 / max_colocate_count`` GPU. Roles colocated in one
     process (:func:`create_colocated_worker_cls`) need only 1.
 
@@ -67,7 +74,8 @@ class RayResourcePool:
         """``num_cpus``/``num_gpus`` for one actor of one worker group."""
         return {"num_cpus": self.cpus_per_worker, "num_gpus": (1.0 / self.max_colocate_count) if self.use_gpu else 0}
 
-    def _bundle(self) -> dict[str, float]:
+    def bundle(self) -> dict[str, float]:
+        """The resources of one rank's bundle (``{"CPU": c}``, plus ``{"GPU": 1}`` with GPUs)."""
         bundle = {"CPU": self.cpus_per_worker * self.max_colocate_count}
         if self.use_gpu:
             bundle["GPU"] = 1
@@ -81,20 +89,29 @@ class RayResourcePool:
                 gives what was asked and what Ray has available).
         """
         if self._placement_groups is None:
-            groups = [
-                placement_group([self._bundle()] * count, strategy="STRICT_PACK", name=f"{self.name_prefix}pg_node{i}" if self.name_prefix else "")
-                for i, count in enumerate(self.process_on_nodes)
-            ]
-            ready, _ = ray.wait([g.ready() for g in groups], num_returns=len(groups), timeout=timeout_s)
-            if len(ready) < len(groups):
-                for group in groups:
-                    remove_placement_group(group)
-                raise TimeoutError(
-                    f"placement groups for process_on_nodes={self.process_on_nodes} with bundle {self._bundle()} "
-                    f"not ready after {timeout_s:.0f} s; Ray has {ray.available_resources()}"
-                )
+            deadline = time.monotonic() + timeout_s
+            groups: list[PlacementGroup] = []
+            for index, count in enumerate(self.process_on_nodes):
+                taken = [placement_group_table(g)["bundles_to_node_id"][0] for g in groups]
+                selector = [{NODE_ID_LABEL: f"!in({','.join(taken)})"}] * count if taken else None
+                groups.append(placement_group([self.bundle()] * count, strategy="STRICT_PACK",
+                                              name=f"{self.name_prefix}pg_node{index}" if self.name_prefix else "",
+                                              bundle_label_selector=selector))
+                # placed before the next is asked for: the next one's selector needs this one's node
+                ready, _ = ray.wait([groups[-1].ready()], timeout=max(deadline - time.monotonic(), 0))
+                if not ready:
+                    for group in groups:
+                        remove_placement_group(group)
+                    raise TimeoutError(
+                        f"placement groups for process_on_nodes={self.process_on_nodes} with bundle {self.bundle()} "
+                        f"(one node each) not ready after {timeout_s:.0f} s; Ray has {ray.available_resources()}"
+                    )
             self._placement_groups = groups
         return self._placement_groups
+
+    def node_ids(self) -> list[str]:
+        """The Ray node id of each node's placement group, in node order (after :meth:`placement_groups`)."""
+        return [placement_group_table(group)["bundles_to_node_id"][0] for group in self.placement_groups()]
 
     def rank_slots(self, timeout_s: float = 300.0) -> list[RankSlot]:
         """One :class:`RankSlot` per rank, in rank order."""

@@ -19,6 +19,7 @@ from verl.single_controller.base.worker_group import (
     WorkerDiedError,
     WorkerError,
     WorkerGroup,
+    WorkerNodeLostError,
     WorkerOutOfMemoryError,
     WorkerTimeoutError,
     role_classes_of,
@@ -57,7 +58,10 @@ class RayWorkerGroup(WorkerGroup):
     worker process that dies gives :class:`WorkerDiedError` as soon as Ray notices (its subclass
     :class:`WorkerOutOfMemoryError` when Ray's memory monitor killed it); no result
     within ``timeout_s`` gives :class:`WorkerTimeoutError`. The first failing rank is reported
-    without waiting for the others.
+    without waiting for the others, unless a node hosting ranks of the group is lost: then
+    :class:`WorkerNodeLostError` names that node, whichever rank failed first.
+
+    ``rank_nodes`` maps each rank to the Ray node id its process reports (where it was placed).
     """
 
     def __init__(
@@ -75,6 +79,7 @@ class RayWorkerGroup(WorkerGroup):
         self.resource_pool = resource_pool
         self.name_prefix = name_prefix or uuid.uuid4().hex[:8]
         self.timeout_s = timeout_s
+        self.rank_nodes: dict[int, str] = {}
         self._actors = self._start_actors(resource_pool.rank_slots(init_timeout_s))
         try:
             self._init_workers(init_timeout_s)
@@ -103,6 +108,8 @@ class RayWorkerGroup(WorkerGroup):
     def _init_workers(self, timeout_s: float) -> None:
         master_addr, master_port = self._wait({0: self._actors[0].node_address.remote()}, "WorkerHost.node_address",
                                               timeout_s)[0]
+        self.rank_nodes = self._wait({rank: actor.node_id.remote() for rank, actor in enumerate(self._actors)},
+                                     "WorkerHost.node_id", timeout_s)
         refs = {}
         for slot, actor in zip(self._slots, self._actors):
             env = {
@@ -121,25 +128,43 @@ class RayWorkerGroup(WorkerGroup):
         refs = {rank: self._actors[rank].call.remote(role, method, args, kwargs) for rank, (args, kwargs) in plan.calls.items()}
         return lambda: self._wait(refs, self._qualified(role, method), self.timeout_s)
 
-    @staticmethod
-    def _wait(refs: dict[int, ray.ObjectRef], method: str, timeout_s: float) -> dict[int, Any]:
+    def _wait(self, refs: dict[int, ray.ObjectRef], method: str, timeout_s: float) -> dict[int, Any]:
         """Gathers ``{rank: result}``, raising on the first failed rank instead of waiting for all."""
         deadline = time.monotonic() + timeout_s
         pending = {ref: rank for rank, ref in refs.items()}
         results = {}
-        while pending:
-            remaining = deadline - time.monotonic()
-            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(remaining, 0))
-            if not ready:
-                raise WorkerTimeoutError(sorted(pending.values()), method, timeout_s)
-            for ref in ready:
-                rank = pending.pop(ref)
-                results[rank] = _get_one(ref, rank, method)
+        try:
+            while pending:
+                remaining = deadline - time.monotonic()
+                ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(remaining, 0))
+                if not ready:
+                    raise WorkerTimeoutError(sorted(pending.values()), method, timeout_s)
+                for ref in ready:
+                    rank = pending.pop(ref)
+                    results[rank] = _get_one(ref, rank, method)
+        except WorkerOutOfMemoryError:
+            raise
+        except WorkerError as error:
+            # a lost node makes its peers' collectives fail first: name the node, not a peer's error
+            lost = self._node_lost(method)
+            if lost is not None:
+                raise lost from error
+            raise
         return results
+
+    def _node_lost(self, method: str) -> WorkerNodeLostError | None:
+        """The error naming a node of this group that left the cluster, or None when all are there."""
+        from verl.single_controller.ray.nodes import lost_nodes
+
+        lost = lost_nodes(list(self.rank_nodes.values())) if self.rank_nodes else []
+        if not lost:
+            return None
+        ranks = [rank for rank, node_id in sorted(self.rank_nodes.items()) if node_id == lost[0].node_id]
+        return WorkerNodeLostError(ranks, method, lost[0].describe())
 
     def shutdown(self, release_resources: bool = False) -> None:
         """Kills the rank actors (shared with any spawned views) and waits until their processes on
-        this node are gone; optionally frees the placement groups.
+        the controller's node are gone; optionally frees the placement groups.
 
         ``ray.kill`` only asks Ray to end an actor: a rank holding gigabytes could outlive the
         trainer by many seconds and keep that memory from the next run.
@@ -147,7 +172,9 @@ class RayWorkerGroup(WorkerGroup):
         for actor in self._actors:
             ray.kill(actor, no_restart=True)
         self._actors = []
-        _wait_until_gone(list(getattr(self, "pids", {}).values()))
+        # only this node's processes can be watched (and a remote rank's pid may name a local process)
+        here = ray.get_runtime_context().get_node_id()
+        _wait_until_gone([pid for rank, pid in getattr(self, "pids", {}).items() if self.rank_nodes.get(rank, here) == here])
         if release_resources:
             self.resource_pool.release()
 

@@ -49,9 +49,12 @@ class TrainerConfig:
     log_dir: str = "${.default_local_dir}/logs"
     """`metrics.jsonl`, tensorboard and wandb files"""
     nnodes: int = 1
-    """nodes"""
+    """Ray nodes, each holding `n_gpus_per_node` ranks; above 1, start a Ray cluster first (docs/multinode.md)"""
     n_gpus_per_node: int = 8
     """ranks per node (CPU processes when there is no GPU)"""
+    dry_run: bool = False
+    """print the run plan and where the ranks would go (checked against the running Ray cluster, if any:
+    docs/multinode.md), then exit before any worker starts or model loads"""
     save_freq: int = 100
     """checkpoint every N steps (and at the end); <= 0 disables"""
     test_freq: int = 50

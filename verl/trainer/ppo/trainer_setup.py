@@ -6,6 +6,7 @@ Each builder is one small function so the trainer module stays the step and noth
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -77,10 +78,12 @@ def build_dataset(files, tokenizer, cfg: PPOConfig, max_rows: int | None, env: E
         dataset = RLHFDataset(files, tokenizer, cfg.data, env)
     except (ValueError, FileNotFoundError) as error:  # the message names file, row and field
         raise ConfigError(str(error)) from None
-    unknown = env.check_data_sources({str(row.get("data_source")) for row in dataset.rows})
+    unknown = sorted({str(row.get("data_source")) for row in dataset.rows} - env.data_sources) \
+        if env.data_sources is not None else []
     if unknown:
         raise ConfigError(f"{', '.join(map(str, files))}: data_source {', '.join(map(repr, unknown))} has no reward "
-                          f"function in environment {env.name!r} (docs/quickstart.md, custom data)")
+                          f"function in environment {env.name!r}; use one of {sorted(env.data_sources)} "
+                          f"(docs/quickstart.md, custom data)")
     return _Head(dataset, max_rows)
 
 
@@ -136,11 +139,25 @@ def count_parameters(model_path: str) -> int:
         return 0
 
 
-def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
-    """Everything the trainer needs, built in an order that fails cheaply first (data before models)."""
-    from verl.trainer.ppo.worker_setup import build_worker_groups
-    from verl.utils.dataset.rl_dataset import collate_fn
+@dataclass(frozen=True)
+class PreparedRun:
+    """What a run has before any worker starts: tokenizer, environment, data, the checked plan."""
 
+    tokenizer: object
+    env: Environment
+    train_set: object
+    val_set: object
+    sampler: ResumableBatchSampler
+    plan: RunPlan
+    train_data: dict
+
+
+def prepare_run(cfg: PPOConfig) -> PreparedRun:
+    """Tokenizer, environment, data and the run plan (printed), checked against a checkpoint to resume.
+
+    Raises:
+        ConfigError: bad data, a batch larger than the data, or a checkpoint this run cannot resume.
+    """
     seed_everything(cfg.trainer.seed)
     tokenizer = load_tokenizer(cfg)
     env = build_environment(cfg, tokenizer)
@@ -155,6 +172,30 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
     train_data = train_data_record(cfg.data.train_files)
     check_resume(cfg, train_data, plan.total_training_steps)
     print(plan.describe(), flush=True)
+    return PreparedRun(tokenizer, env, train_set, val_set, sampler, plan, train_data)
+
+
+def dry_run(cfg: PPOConfig) -> None:
+    """``trainer.dry_run``: the start-up of a run up to its workers, then the placement
+    (:func:`verl.trainer.ppo.placement.dry_run`); no worker starts, no model loads."""
+    from verl.trainer.ppo.placement import dry_run as dry_run_placement
+    from verl.trainer.ppo.worker_setup import use_gpu
+
+    run = prepare_run(cfg)
+    if cfg.trainer.backend == "ray":
+        dry_run_placement(cfg, run.plan, use_gpu())
+    else:
+        print("placement: trainer.backend=local runs one rank inside this process", flush=True)
+
+
+def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
+    """Everything the trainer needs, built in an order that fails cheaply first (data before models)."""
+    from verl.trainer.ppo.worker_setup import build_worker_groups
+    from verl.utils.dataset.rl_dataset import collate_fn
+
+    run = prepare_run(cfg)
+    tokenizer, env, train_set, val_set, sampler, plan, train_data = (
+        run.tokenizer, run.env, run.train_set, run.val_set, run.sampler, run.plan, run.train_data)
     tracker = Tracking(cfg.trainer.project_name, cfg.trainer.experiment_name, list(cfg.trainer.logger),
                        cfg.trainer.log_dir, config=to_plain(cfg))
     workers = build_worker_groups(cfg, plan)

@@ -2,7 +2,8 @@
 
 All roles are colocated: each rank's process hosts the actor/rollout worker (with the reference
 model when a KL term needs it) and the critic, so they share devices as in veRL's hybrid engine.
-``trainer.backend=ray`` spreads ranks over Ray actors (``nnodes x n_gpus_per_node``);
+``trainer.backend=ray`` spreads ranks over Ray actors (``nnodes x n_gpus_per_node``, placed as
+:mod:`verl.trainer.ppo.placement` plans, on the cluster the user started when one runs);
 ``trainer.backend=local`` runs one rank inside the controller (debugging, small CPU runs).
 """
 
@@ -39,13 +40,22 @@ def _start_group(cfg: PPOConfig, plan: RunPlan, bundle):
             raise ValueError(f"trainer.backend=local runs one rank; set trainer.nnodes=1 and "
                              f"trainer.n_gpus_per_node=1 (got {plan.data_parallel_size} ranks)")
         return LocalWorkerGroup(bundle)
-    from verl.single_controller.ray import RayResourcePool, RayWorkerGroup
-    from verl.single_controller.ray.init import init_ray
+    import ray
 
-    init_ray(env_vars=worker_env_vars(cfg, use_gpu=_use_gpu()))
-    pool = RayResourcePool(process_on_nodes=[cfg.trainer.n_gpus_per_node] * cfg.trainer.nnodes,
-                           use_gpu=_use_gpu())
-    return RayWorkerGroup(pool, bundle)
+    from verl.single_controller.ray import RayWorkerGroup
+    from verl.single_controller.ray.init import init_ray
+    from verl.trainer.ppo.placement import check_placement, describe_ranks, plan_placement
+
+    init_ray(env_vars=worker_env_vars(cfg, use_gpu=use_gpu()))
+    placement = plan_placement(cfg, plan, use_gpu=use_gpu())
+    try:
+        check_placement(placement)
+    except ValueError:  # a cluster that can never hold the run: nothing of it is left in Ray
+        ray.shutdown()
+        raise
+    group = RayWorkerGroup(placement.resource_pool(), bundle)
+    print(describe_ranks(group.rank_nodes, placement), flush=True)
+    return group
 
 
 def worker_env_vars(cfg: PPOConfig, use_gpu: bool) -> dict[str, str]:
@@ -64,7 +74,7 @@ def worker_env_vars(cfg: PPOConfig, use_gpu: bool) -> dict[str, str]:
     return {str(k): str(v) for k, v in configured.items()}
 
 
-def _use_gpu() -> bool:
+def use_gpu() -> bool:
     import torch
 
     return torch.cuda.is_available()
