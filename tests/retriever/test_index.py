@@ -1,6 +1,5 @@
 """Corpus loading, index meta, mismatch refusal, BM25 reload and FlashRAG index compatibility."""
 
-import json
 import sys
 
 import faiss

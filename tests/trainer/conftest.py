@@ -7,7 +7,6 @@ import json
 import socket
 import sys
 import urllib.request
-from pathlib import Path
 
 import pytest
 

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import psutil
 import pytest

@@ -16,7 +16,6 @@ import warnings
 import pytest
 import torch
 import torch.multiprocessing as mp
-from omegaconf import OmegaConf
 
 pytestmark = pytest.mark.slow
 
