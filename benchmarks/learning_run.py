@@ -82,6 +82,7 @@ TRAIN = {
 EVAL = {"gpu": ["data.val_batch_size=1000", "actor_rollout_ref.rollout.enforce_eager=true",
                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
         "cpu": ["data.val_batch_size=16", "trainer.backend=local"]}
+PLOT_COLUMNS = 4  # panels a row in the run's PNG
 STOP_GRACE_S = 30.0  # what run_until allows a stopped child after SIGTERM: kept in the budget too
 
 
@@ -348,23 +349,27 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     keys = [k for k in CURVES if any(k in r for r in result["curves"])]
-    fig, axes = plt.subplots(1, len(keys) + 1, figsize=(3.6 * (len(keys) + 1), 3.2))
-    axes = list(axes) if len(keys) else [axes]
-    for ax, key in zip(axes, keys):
-        ax.plot([r["step"] for r in result["curves"] if key in r], [r[key] for r in result["curves"] if key in r])
-        ax.set_title(CURVES[key])
-        ax.set_xlabel("step")
+    # a grid of PLOT_COLUMNS panels a row, validation EM first: readable at the page's width
+    rows = -(-(len(keys) + 1) // PLOT_COLUMNS)
+    fig, grid = plt.subplots(rows, PLOT_COLUMNS, figsize=(4.0 * PLOT_COLUMNS, 3.0 * rows), squeeze=False)
+    axes = list(grid.flat)
+    for ax in axes[len(keys) + 1:]:
+        ax.set_visible(False)
     steps = sorted(result["evaluations"], key=int)
-    ax = axes[-1]
+    ax = axes[0]
     for source in (result["evaluations"][steps[0]]["table"]["sources"] if steps else []):
         ax.plot([int(s) for s in steps], [result["evaluations"][s]["table"]["sources"][source]["em"] for s in steps],
                 marker="o", label=source)
     if steps:
         ax.plot([int(s) for s in steps], [result["evaluations"][s]["table"]["average"]["em"] for s in steps],
                 marker="s", color="black", label="average")
-        ax.legend(fontsize=6)
-    ax.set_title(f"validation EM ({result['algorithm']})")
+        ax.legend(fontsize=7)
+    ax.set_title(f"validation EM ({result['label']})")
     ax.set_xlabel("step")
+    for ax, key in zip(axes[1:], keys):
+        ax.plot([r["step"] for r in result["curves"] if key in r], [r[key] for r in result["curves"] if key in r])
+        ax.set_title(CURVES[key])
+        ax.set_xlabel("step")
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
