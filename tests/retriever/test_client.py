@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from search_r1.envs.search_r1.prompts import format_observation, format_passages
 from search_r1.search.client import RetrieverClient, RetrieverError
 from search_r1.search.launcher import free_port
 
@@ -100,7 +101,7 @@ def test_sync_retrieve_inside_running_loop(scripted_server):
 def test_real_server_render(dense_server):
     client = RetrieverClient(dense_server.url, topk=2)
     results = asyncio.run(client.aretrieve(["when was the last moon landing"]))
-    text = client.render(results)[0]
+    text = format_observation(format_passages(results[0]))
     assert text.startswith("\n\n<information>Doc 1(Title: ") and "Doc 2(Title: " in text
     assert text.endswith("</information>\n\n")
 
@@ -115,4 +116,4 @@ def test_counts_queries_answered_with_no_passage(scripted_server):
     results = client.retrieve(["a", "fail-1", "b", "fail-2", "c"])
     assert [len(r) for r in results] == [1, 0, 1, 0, 1]
     assert client.num_queries == 5 and client.num_empty_results == 2
-    assert client.render(results)[1] == "\n\n<information></information>\n\n"
+    assert format_observation(format_passages(results[1])) == "\n\n<information></information>\n\n"

@@ -95,13 +95,15 @@ COPY = ('Write exactly this and nothing else: <tool_call>\n{"name": "search", "a
 @pytest.mark.slow
 @pytest.mark.parametrize("engine_name", ["hf_engine", "vllm_engine"])
 def test_tool_call_rollout_on_the_real_engines(engine_name, request, tokenizer, retriever, mode):
-    """SmolLM2 writes the call; the loop stops at ``</tool_call>``, searches and appends the tool
-    turn; every trained token is a sampled one and the sequence is prompt + response."""
+    """SmolLM2 writes the call after a forced ``<tool_call>`` prefix (with the tool's description in
+    the system turn it copies the schema instead); the loop stops at ``</tool_call>``, searches and
+    appends the tool turn; every trained token is a sampled one and the sequence is prompt + response."""
     engine = request.getfixturevalue(engine_name)
     env = ToolCallEnvironment(tokenizer, SearchTool(retriever), 200)
-    messages = env.messages("x")[:1] + [{"role": "user", "content": COPY}]
-    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-                              add_special_tokens=False)
+    messages = [{"role": "user", "content": COPY}]
+    prompt = tokenizer.encode(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                              + "<tool_call>", add_special_tokens=False)
+    assert env.open_tag(prompt) == "<tool_call>"
     from verl.workers.rollout.agent_loop import LoopConfig, MultiTurnRollout
 
     loop = LoopConfig(max_turns=1, max_start_length=1024, max_prompt_length=1500, max_response_length=400, mode=mode)

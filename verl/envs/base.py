@@ -22,6 +22,15 @@ from typing import Any, AsyncIterator, Awaitable, Callable, ClassVar, Mapping, O
 import numpy as np
 
 
+def ending_tag(tokenizer, prompt_ids: Sequence[int], tags: Sequence[str]) -> str:
+    """The tag of ``tags`` the prompt's text ends with, or ``""``: what :meth:`Environment.open_tag`
+    answers. Decodes as many trailing ids as the longest tag has characters (a token holds at least
+    one), so a tag split into many tokens (SmolLM2: ``<tool_call>`` is five) is still seen."""
+    window = max(len(tag) for tag in tags)
+    tail = tokenizer.decode(list(prompt_ids[-window:]), skip_special_tokens=False)
+    return next((tag for tag in tags if tail.endswith(tag)), "")
+
+
 @dataclass(frozen=True)
 class EnvConfig:
     """Which environment the run trains in (``env``)."""

@@ -30,7 +30,7 @@ from search_r1.envs.search_r1.prompts import (ENVIRONMENT_TEXT, INVALID_ACTION_M
 from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchTool, search_metrics
 from search_r1.qa.answers import QA_DATA_SOURCES
 from search_r1.qa.rows import flashrag_form
-from verl.envs import Action, Environment, Observation, register_environment
+from verl.envs import Action, Environment, Observation, ending_tag, register_environment
 from verl.utils.config import ConfigError
 
 
@@ -90,8 +90,7 @@ class SearchR1Environment(Environment):
 
     def open_tag(self, prompt_ids: Sequence[int]) -> str:
         """``<search>``/``<answer>`` when the prompt itself opens the action (a forced assistant prefix)."""
-        tail = self.tokenizer.decode(list(prompt_ids[-4:]), skip_special_tokens=False)
-        return next((tag for tag in ACTION_PREFIXES if tail.endswith(tag)), "")
+        return ending_tag(self.tokenizer, prompt_ids, ACTION_PREFIXES)
 
     def parse(self, text: str) -> Action:
         action = parse_action(text)

@@ -26,7 +26,7 @@ from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchRunConfig, SearchT
 from search_r1.envs.tool_call import prompts
 from search_r1.qa.answers import QA_DATA_SOURCES, cover_em_check, em_check, f1_score, score_answer
 from search_r1.qa.rows import flashrag_form
-from verl.envs import Action, Environment, Observation, register_environment
+from verl.envs import Action, Environment, Observation, ending_tag, register_environment
 from verl.workers.reward_manager.config import RewardModelConfig
 
 
@@ -109,8 +109,7 @@ class ToolCallEnvironment(Environment):
 
     def open_tag(self, prompt_ids: Sequence[int]) -> str:
         """``<tool_call>``/``<answer>`` when the prompt itself opens the action (a forced assistant prefix)."""
-        tail = self.tokenizer.decode(list(prompt_ids[-4:]), skip_special_tokens=False)
-        return next((tag for tag in prompts.ACTION_PREFIXES if tail.endswith(tag)), "")
+        return ending_tag(self.tokenizer, prompt_ids, prompts.ACTION_PREFIXES)
 
     def parse(self, text: str) -> Action:
         turn = prompts.parse_turn(text)
