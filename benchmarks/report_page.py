@@ -34,7 +34,8 @@ for _p in (str(REPO), str(REPO / "benchmarks")):
 
 from common import save_report  # noqa: E402
 
-from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages, make_prefix  # noqa: E402
+from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, make_prefix  # noqa: E402
+from search_r1.search.passages import format_passages  # noqa: E402
 from search_r1.report import __main__ as cli  # noqa: E402
 
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

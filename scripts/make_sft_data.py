@@ -32,7 +32,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from search_r1.envs.search_r1.prompts import format_observation, format_passages, make_prefix  # noqa: E402
+from search_r1.envs.search_r1.prompts import format_observation, make_prefix  # noqa: E402
+from search_r1.search.passages import format_passages  # noqa: E402
 
 FIRST_THOUGHTS = [
     "I need more information to answer this. Let me search for it.",

@@ -2,7 +2,8 @@
 
 Both Search-R1's tags and the chat template's tool calls search the same retriever with the same
 settings (``retriever.*``, ``do_search``), declared once here as the configuration both
-environments' run configurations extend.
+environments' run configurations extend; :class:`SearchEnvironment` is the base both derive from
+(a call's query goes to the retriever, its passages come back as the observation).
 """
 
 from __future__ import annotations
@@ -13,8 +14,11 @@ from typing import AsyncIterator, Awaitable, Callable, Mapping, Optional
 
 import numpy as np
 
+from search_r1.envs.observation import ObservationEncoder
 from search_r1.search.client import RetrieverClient, check_retriever
 from search_r1.search.config import RetrieverConfig
+from search_r1.search.passages import format_passages
+from verl.envs import Action, Environment, Observation
 from verl.trainer.ppo.config import PPOConfig
 
 
@@ -124,3 +128,28 @@ class SearchTool:
                     raise RuntimeError(f"retriever returned {len(results)} result lists for 1 query")
                 return results[0]
             yield search
+
+
+class SearchEnvironment(Environment):
+    """An environment whose one tool is :class:`SearchTool`: a call's content is the query, and its
+    passages (rendered as Search-R1 renders them) come back wrapped by ``self.observations``, cut to
+    the observation budget. Subclasses set ``self.tool`` and ``self.observations`` and own the rest
+    (tags, parsing, prompts, rewards)."""
+
+    tool: SearchTool
+    observations: ObservationEncoder
+
+    def call_tools(self, calls: list[Action]) -> list[Observation]:
+        return [self.render(docs) for docs in self.tool.search([call.content for call in calls])]
+
+    @contextlib.asynccontextmanager
+    async def tool_session(self) -> AsyncIterator[Callable[[Action], Awaitable[Observation]]]:
+        async with self.tool.session() as search:
+            async def call(action: Action) -> Observation:
+                return self.render(await search(action.content))
+            yield call
+
+    def render(self, docs: list[dict]) -> Observation:
+        """The observation of one search's passages (cut to the budget), with its counters."""
+        ids, cut = self.observations.wrap(format_passages(docs).strip())
+        return Observation(ids, {"obs_truncated": int(cut), "empty_search": int(not docs)})

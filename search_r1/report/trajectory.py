@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from search_r1.envs.search_r1.parsing import ACTION_PREFIXES, ACTION_RE, parse_action, split_reasoning
-from search_r1.envs.search_r1.prompts import ENVIRONMENT_TEXT, INVALID_ACTION_MESSAGE, parse_passages
+from search_r1.envs.search_r1.prompts import ENVIRONMENT_TEXT, INVALID_ACTION_MESSAGE
+from search_r1.search.passages import parse_passages
 from search_r1.qa.answers import normalize_answer
 
 _WORD = re.compile(r"\S+")  # normalize_answer splits on whitespace; so do the spans

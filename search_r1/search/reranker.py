@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from search_r1.envs.search_r1.prompts import split_contents
+from search_r1.search.passages import split_contents
 
 
 def pair_text(contents: str) -> str:

@@ -6,7 +6,8 @@ import json
 import re
 from pathlib import Path
 
-from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages, make_prefix
+from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, make_prefix
+from search_r1.search.passages import format_passages
 from search_r1.envs.search_r1.parsing import extract_solution
 
 REPO = Path(__file__).resolve().parents[2]

@@ -6,7 +6,8 @@ import threading
 
 import pytest
 
-from search_r1.envs.search_r1.prompts import format_observation, format_passages
+from search_r1.envs.search_r1.prompts import format_observation
+from search_r1.search.passages import format_passages
 from search_r1.search.client import RetrieverClient, RetrieverError
 from search_r1.search.launcher import free_port
 

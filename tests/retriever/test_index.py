@@ -72,7 +72,8 @@ def test_bm25_reloads_with_same_results(bm25_index, test_corpus):
 def test_bm25_returns_only_passages_that_match(example_bm25):
     """A query matching one passage gets that one, not two score-0 fillers; a query matching none
     gets an empty list, which renders as the empty search the trainer counts."""
-    from search_r1.envs.search_r1.prompts import format_observation, format_passages
+    from search_r1.envs.search_r1.prompts import format_observation
+    from search_r1.search.passages import format_passages
 
     index, corpus = example_bm25
     retriever = load_bm25_retriever(str(index), str(corpus))

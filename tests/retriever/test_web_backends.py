@@ -273,6 +273,7 @@ def test_launch_script_serves_retrieve(name, fake_api):
 
 
 def test_empty_result_renders_an_empty_information_block():
-    from search_r1.envs.search_r1.prompts import format_observation, format_passages
+    from search_r1.envs.search_r1.prompts import format_observation
+    from search_r1.search.passages import format_passages
 
     assert format_observation(format_passages([])) == "\n\n<information></information>\n\n"

@@ -10,7 +10,8 @@ import torch
 
 from search_r1.envs.search_r1 import SearchR1Environment
 from search_r1.envs.search_tool import SearchTool
-from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation, format_passages
+from search_r1.envs.search_r1.prompts import INVALID_ACTION_MESSAGE, format_observation
+from search_r1.search.passages import format_passages
 from verl.protocol import DataProto
 from verl.workers.rollout.base import SamplingParams
 
@@ -137,7 +138,8 @@ def test_shapes_masks_positions(tokenizer, retriever, mode):
 
 
 def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever, mode):
-    from search_r1.envs.search_r1.prompts import format_observation, format_passages
+    from search_r1.envs.search_r1.prompts import format_observation
+    from search_r1.search.passages import format_passages
     scripts = [["<search>England writer</search>", "<answer>x</answer>"]]
     _, _, out = run(tokenizer, retriever, scripts, mode, max_obs_length=1000)
     docs = retriever.retrieve(["England writer"])[0]

@@ -41,7 +41,8 @@ def test_parse_passages_inverts_format_passages_on_the_example_corpus():
     import json
     from pathlib import Path
 
-    from search_r1.envs.search_r1.prompts import format_observation, format_passages, parse_passages, split_contents
+    from search_r1.envs.search_r1.prompts import format_observation
+    from search_r1.search.passages import format_passages, parse_passages, split_contents
 
     corpus = [json.loads(line) for line in (Path(__file__).resolve().parents[2] / "example" / "corpus.jsonl").open()]
     for start in range(0, len(corpus), 3):
@@ -54,7 +55,7 @@ def test_parse_passages_inverts_format_passages_on_the_example_corpus():
 
 
 def test_parse_passages_of_cut_and_empty_blocks():
-    from search_r1.envs.search_r1.prompts import parse_passages
+    from search_r1.search.passages import parse_passages
 
     assert parse_passages("") == [] and parse_passages("no documents here") == []
     text = 'Doc 1(Title: "A (b)") one Doc 2(Title: x) inside\nDoc 2(Title: "T") two\nDoc 3(Title: "Cut'

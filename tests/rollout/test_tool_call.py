@@ -9,7 +9,7 @@ import pytest
 from search_r1.envs.search_tool import SearchTool
 from search_r1.envs.tool_call import ToolCallEnvironment
 from search_r1.envs.tool_call.prompts import SEARCH_TOOL, TOOL_SYSTEM_TEXT
-from search_r1.envs.search_r1.prompts import format_passages
+from search_r1.search.passages import format_passages
 from tests.rollout.test_environment_contract import QUESTION, WRITERS, prompt_ids, run, spans
 from verl.protocol import DataProto
 from verl.workers.rollout.base import SamplingParams

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from search_r1.envs.search_r1.prompts import format_observation, format_passages, make_prefix
+from search_r1.envs.search_r1.prompts import format_observation, make_prefix
+from search_r1.search.passages import format_passages
 from search_r1.envs.search_r1.prompts import ENVIRONMENT_TEXT
 from verl.utils.dataset.sft_dataset import split_assistant_content
 

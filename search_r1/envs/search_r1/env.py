@@ -15,8 +15,7 @@ metrics under Search-R1's names).
 
 from __future__ import annotations
 
-import contextlib
-from typing import AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
@@ -25,17 +24,16 @@ from search_r1.envs.search_r1.config import PromptConfig, SearchR1Config
 from search_r1.envs.observation import ObservationEncoder
 from search_r1.envs.search_r1.parsing import ACTION_PREFIXES, STOP_STRINGS, extract_solution, parse_action
 from search_r1.envs.search_r1.prompts import (ENVIRONMENT_TEXT, INVALID_ACTION_MESSAGE, OBSERVATION_HEAD,
-                                             OBSERVATION_TAIL, format_passages, prompt_messages, question_of,
-                                             template_of)
-from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchTool, search_metrics
+                                             OBSERVATION_TAIL, prompt_messages, question_of, template_of)
+from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchEnvironment, SearchTool, search_metrics
 from search_r1.qa.answers import QA_DATA_SOURCES
 from search_r1.qa.rows import flashrag_form
-from verl.envs import Action, Environment, Observation, ending_tag, register_environment
+from verl.envs import Action, Observation, ending_tag, register_environment
 from verl.utils.config import ConfigError
 
 
 @register_environment
-class SearchR1Environment(Environment):
+class SearchR1Environment(SearchEnvironment):
     """Search-R1's multi-turn search task (``env.name=search_r1``, the default).
 
     Args:
@@ -100,21 +98,6 @@ class SearchR1Environment(Environment):
 
     def invalid(self, action: Action) -> Observation:
         return Observation(self.invalid_ids)
-
-    def call_tools(self, calls: list[Action]) -> list[Observation]:
-        return [self.render(docs) for docs in self.tool.search([call.content for call in calls])]
-
-    @contextlib.asynccontextmanager
-    async def tool_session(self) -> AsyncIterator[Callable[[Action], Awaitable[Observation]]]:
-        async with self.tool.session() as search:
-            async def call(action: Action) -> Observation:
-                return self.render(await search(action.content))
-            yield call
-
-    def render(self, docs: list[dict]) -> Observation:
-        """The observation of a search's passages (cut to the budget) and its counters."""
-        ids, cut = self.observations.wrap(format_passages(docs).strip())
-        return Observation(ids, {"obs_truncated": int(cut), "empty_search": int(not docs)})
 
     # ---- scoring and reading trajectories ---------------------------------------------------------
     def compute_score(self, data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs) -> dict:

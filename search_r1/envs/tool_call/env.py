@@ -14,19 +14,18 @@ exact match on the last ``<answer>`` outside tool responses, as in Search-R1.
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
-from typing import AsyncIterator, Awaitable, Callable, Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 import numpy as np
 
 from search_r1.envs.observation import ObservationEncoder
-from search_r1.envs.search_r1.prompts import format_passages, question_of, template_question
-from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchRunConfig, SearchTool, search_metrics
+from search_r1.envs.search_r1.prompts import question_of, template_question
+from search_r1.envs.search_tool import SEARCH_COUNTERS, SearchEnvironment, SearchRunConfig, SearchTool, search_metrics
 from search_r1.envs.tool_call import prompts
 from search_r1.qa.answers import QA_DATA_SOURCES, cover_em_check, em_check, f1_score, score_answer
 from search_r1.qa.rows import flashrag_form
-from verl.envs import Action, Environment, Observation, ending_tag, register_environment
+from verl.envs import Action, Observation, ending_tag, register_environment
 from verl.workers.reward_manager.config import RewardModelConfig
 
 
@@ -65,7 +64,7 @@ def tool_turn(tokenizer, tools: list | None) -> tuple[str, str]:
 
 
 @register_environment
-class ToolCallEnvironment(Environment):
+class ToolCallEnvironment(SearchEnvironment):
     """Search through the chat template's tool calls (``env.name=tool_call``).
 
     Args:
@@ -119,21 +118,6 @@ class ToolCallEnvironment(Environment):
 
     def invalid(self, action: Action) -> Observation:
         return Observation(self.observations.wrap(prompts.invalid_text(action.content))[0])
-
-    def call_tools(self, calls: list[Action]) -> list[Observation]:
-        return [self.render(docs) for docs in self.tool.search([call.content for call in calls])]
-
-    @contextlib.asynccontextmanager
-    async def tool_session(self) -> AsyncIterator[Callable[[Action], Awaitable[Observation]]]:
-        async with self.tool.session() as search:
-            async def call(action: Action) -> Observation:
-                return self.render(await search(action.content))
-            yield call
-
-    def render(self, docs: list[dict]) -> Observation:
-        """The tool turn holding a search's passages (cut to the budget) and its counters."""
-        ids, cut = self.observations.wrap(format_passages(docs).strip())
-        return Observation(ids, {"obs_truncated": int(cut), "empty_search": int(not docs)})
 
     # ---- scoring and reading trajectories ---------------------------------------------------------
     def compute_score(self, data_source: str, solution_str: str, ground_truth, extra_info=None, **kwargs) -> dict:
