@@ -28,6 +28,11 @@ Every call does, within ``--budget_s`` seconds:
    ``<out_dir>/learning_<algo>.json`` (+ ``.png``): ``algorithm``, ``steps``, the evaluation tables by
    step, comparisons with step 0, the training curves, the step-time split, the commands.
 
+With ``--eval_in_trainer`` the trainer evaluates instead (step 3 runs only for a step training
+missed): validation of the same questions at the evaluation steps with its own engine, each step's
+per-question dump turned into ``evaluation.json`` as ``evaluate.sh`` would write its table; no engine
+start-up per evaluation, and no time kept for the next evaluation while training runs.
+
 The same rollout settings (lengths, turns, reward, engine length) go to training and evaluation.
 ``--profile cpu`` shrinks everything for the CPU test of this wrapper (machinery, not learning).
 """
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -79,9 +85,10 @@ TRAIN = {
             "critic.model.fsdp_config.optimizer_offload=false",
             "critic.model.fsdp_config.mixed_precision=fp32", "critic.model.enable_gradient_checkpointing=false"],
 }
-EVAL = {"gpu": ["data.val_batch_size=1000", "actor_rollout_ref.rollout.enforce_eager=true",
+VAL_BATCH = {"gpu": 1000, "cpu": 16}  # validation questions a generation call (both ways of evaluating)
+EVAL = {"gpu": [f"data.val_batch_size={VAL_BATCH['gpu']}", "actor_rollout_ref.rollout.enforce_eager=true",
                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
-        "cpu": ["data.val_batch_size=16", "trainer.backend=local"]}
+        "cpu": [f"data.val_batch_size={VAL_BATCH['cpu']}", "trainer.backend=local"]}
 PLOT_COLUMNS = 4  # panels a row in the run's PNG
 STOP_GRACE_S = 30.0  # what run_until allows a stopped child after SIGTERM: kept in the budget too
 
@@ -93,6 +100,7 @@ class Run:
         self.root = work_dir / algo
         self.ckpt, self.logs, self.evals = self.root / "ckpt", self.root / "logs", self.root / "evals"
         self.calls = self.root / "calls.json"
+        self.validations = self.root / "val"  # the trainer's per-question dumps (--eval_in_trainer)
         self.state = self.root / "state.json"
 
     def latest_step(self) -> int:
@@ -118,13 +126,14 @@ class Run:
 def reserved_s(args, run: Run) -> float:
     """Seconds of the budget kept for evaluations while training runs: one ``eval_s`` for every
     evaluation step reached and not evaluated, and one for the next evaluation step (training may
-    reach it before it is stopped), plus the stop grace. 0 before any evaluation was measured."""
+    reach it before it is stopped; not with ``--eval_in_trainer``, where training evaluates it), plus
+    the stop grace. 0 before any evaluation was measured."""
     eval_s = run.eval_seconds()
     if eval_s is None:
         return 0.0
     latest = run.latest_step()
     due = sum(1 for s in args.eval_steps if 0 < s <= latest and not run.evaluation(s).exists())
-    ahead = any(s > latest for s in args.eval_steps)
+    ahead = not args.eval_in_trainer and any(s > latest for s in args.eval_steps)
     return eval_s * (due + ahead) + STOP_GRACE_S
 
 
@@ -137,10 +146,21 @@ def rollout_overrides(args) -> list[str]:
     return [*ROLLOUT[args.profile], *reward, *recipes, *args.extra]
 
 
+def validation_overrides(args, run: Run) -> list[str]:
+    """No validation in training; with ``--eval_in_trainer``, validation of the evaluation set
+    (``<data>/test.parquet``, the trainer's default) at the evaluation steps: every gcd of them,
+    before training when step 0 is one, each dumped per question to ``<run>/val/<step>.jsonl``."""
+    if not args.eval_in_trainer:
+        return ["trainer.test_freq=-1", "trainer.val_before_train=false"]
+    positive = [s for s in args.eval_steps if s > 0]
+    return [f"trainer.test_freq={math.gcd(*positive) if positive else -1}",
+            f"trainer.val_before_train={str(0 in args.eval_steps).lower()}",
+            f"data.val_batch_size={VAL_BATCH[args.profile]}", f"trainer.validation_data_dir={run.validations}"]
+
+
 def train_overrides(args, run: Run) -> list[str]:
     return [*TRAIN[args.profile], *rollout_overrides(args), f"trainer.total_training_steps={args.steps}",
-            f"trainer.save_freq={args.save_freq}", "trainer.test_freq=-1", "trainer.val_before_train=false",
-            "trainer.resume_mode=auto", "trainer.export_hf=true", "trainer.logger=[console,jsonl]",
+            f"trainer.save_freq={args.save_freq}", *validation_overrides(args, run), "trainer.resume_mode=auto", "trainer.export_hf=true", "trainer.logger=[console,jsonl]",
             f"trainer.log_dir={run.logs}", f"trainer.experiment_name=learning-{args.label}"]
 
 
@@ -202,6 +222,27 @@ def evaluate_pending(args, run: Run, warm_start: str, url: str, data: Path, dead
     return done
 
 
+def adopt_validations(args, run: Run) -> list[str]:
+    """``evaluation.json`` for each evaluation step the trainer validated (``--eval_in_trainer``): the
+    table of its per-question dump, computed as ``evaluate.sh`` computes its own."""
+    from verl.trainer.evaluation.report import summarise
+    from verl.trainer.ppo.validation import read_records
+
+    done = []
+    for step in args.eval_steps:
+        dump, target = run.validations / f"{step}.jsonl", run.evaluation(step)
+        if target.exists() or not dump.exists():
+            continue
+        records = read_records(dump)
+        format_reward = any(o.startswith("reward_model.") for o in rollout_overrides(args))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(dump, target.parent / "questions.jsonl")
+        target.write_text(json.dumps({"step": step, "evaluated_by": "the trainer's validation",
+                                      "table": summarise(records, format_reward)}, indent=1) + "\n")
+        done.append(f"evaluate step {step}: the trainer's validation ({len(records)} questions)")
+    return done
+
+
 def prune(args, run: Run) -> None:
     """Delete step folders that are neither the latest nor an evaluation step still to evaluate."""
     latest = run.latest_step()
@@ -256,11 +297,15 @@ def one_call(args) -> bool:
     before, log = run.latest_step(), []
     with start_retriever(args, data, work_dir) as server:
         url = server.retrieve_url
-        log += evaluate_pending(args, run, warm_start, url, data, deadline)
+        log += adopt_validations(args, run)
+        if not (args.eval_in_trainer and run.latest_step() < args.steps):  # else training evaluates
+            log += evaluate_pending(args, run, warm_start, url, data, deadline)
         left = deadline - time.time()
         if run.latest_step() < args.steps and left <= args.min_train_s + reserved_s(args, run):
             log.append(f"train: not started: {left:.0f} s left, less than --min_train_s {args.min_train_s:.0f} s "
                        f"+ {reserved_s(args, run):.0f} s kept for the evaluations due")
+            if args.eval_in_trainer:
+                log += evaluate_pending(args, run, warm_start, url, data, deadline)
         elif run.latest_step() < args.steps:
             cmd = ["bash", SCRIPTS[args.algo], *train_overrides(args, run)]
             env = child_env(args, warm_start, url, data, CKPT_DIR=str(run.ckpt), EXPERIMENT_NAME=f"learning-{args.label}")
@@ -272,6 +317,7 @@ def one_call(args) -> bool:
 
             outcome = run_until(cmd, env, deadline, stop_when=stop_when)
             log.append(f"train {before} -> {run.latest_step()}: {outcome}")
+            log += adopt_validations(args, run)
             log += evaluate_pending(args, run, warm_start, url, data, deadline)
     prune(args, run)
     calls = json.loads(run.calls.read_text()) if run.calls.exists() else []
@@ -405,6 +451,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--algo", choices=sorted(SCRIPTS), default="grpo", help="grpo, or gae (PPO with a critic)")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--eval_steps", default="0,50,100,150", help="comma-separated steps evaluated by evaluate.sh")
+    parser.add_argument("--eval_in_trainer", action="store_true",
+                        help="evaluate inside training (trainer.test_freq, val_before_train; the trainer's own engine) "
+                             "instead of an evaluate.sh process per step; evaluate.sh still runs a step training missed")
     parser.add_argument("--save_freq", type=int, default=10, help="checkpoint every N steps (the resume points)")
     parser.add_argument("--budget_s", type=float, default=520.0, help="seconds this call may take")
     parser.add_argument("--min_train_s", type=float, default=180.0, help="start training only with this much budget left")

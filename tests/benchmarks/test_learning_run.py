@@ -149,3 +149,31 @@ def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, ca
     assert learning_run.main(argv) == 3
     out = capfd.readouterr().out
     assert "evaluate step 2: not run: it takes ~1000000 s and " in out and "the next call runs it first" in out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED / "qa").is_dir(), reason=f"shared data not found at {SHARED}")
+def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, capfd):
+    """--eval_in_trainer: the trainer validates at the evaluation steps (before training, then every
+    gcd of them) and the run's tables come from its per-question dumps: no evaluate.sh process."""
+    import learning_data
+    import pyarrow.parquet as pq
+
+    learning_data.build(SHARED, tmp_path / "data", seed=19)
+    test = pq.read_table(tmp_path / "data" / "test.parquet")
+    sources = test.column("data_source").to_pylist()
+    pq.write_table(test.take([sources.index(s) for s in dict.fromkeys(sources)]), tmp_path / "data" / "test.parquet")
+    argv = ["--algo", "gae", "--steps", "2", "--eval_steps", "0,2", "--save_freq", "1", "--profile", "cpu",
+            "--model", tiny_qwen_path, "--eval_in_trainer", "--work_dir", str(tmp_path / "work"),
+            "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data"), "--budget_s", "1500",
+            "--min_train_s", "0", "--retriever", "bm25"]
+    assert learning_run.main(argv) == 0
+    out = capfd.readouterr().out
+    assert "evaluate.sh" not in out
+    assert "evaluate step 0: the trainer's validation (7 questions)" in out
+    assert "evaluate step 2: the trainer's validation (7 questions)" in out
+    run = learning_run.Run(tmp_path / "work", "gae")
+    assert sorted(p.name for p in run.validations.glob("*.jsonl")) == ["0.jsonl", "2.jsonl"]  # none at step 1
+    result = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
+    assert result["steps"] == 2 and sorted(result["evaluations"]) == ["0", "2"]
+    assert result["evaluations"]["2"]["table"]["pooled"]["count"] == 7 and "2_vs_0" in result["comparisons"]
