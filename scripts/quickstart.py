@@ -18,7 +18,8 @@
    ``--test-sources``), and a folder without the files is a one-line error;
 2. the model: the overrides' ``actor_rollout_ref.model.path``, else SmolLM2-135M-Instruct, which with
    ``WARM_START=1`` first gets its SFT warm start (run once, cached: :func:`choose_model`);
-3. if no retriever answers at ``--retriever-url``: builds a BM25 index over ``--corpus`` once
+3. if no retriever answers at ``--retriever-url`` and its host is this machine (a remote one is a
+   one-line error): builds a BM25 index over ``--corpus`` once
    (cached under ``data/example_search``) and starts a retrieval server in the background, stopped at
    the end, its log in ``<trainer.default_local_dir>/logs/retrieval_server.log``;
 4. runs ``python -m verl.trainer.main_ppo`` with the remaining ``key=value`` overrides.
@@ -46,6 +47,7 @@ from verl.trainer.run_exit import run_or_exit
 from verl.utils.signals import run_child, stopped_by_signal
 
 REPO = Path(__file__).resolve().parents[1]
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "0.0.0.0", "::1")  # where a retriever may be started for the user
 EXAMPLE_DATA_DIR = "data/example_search"  # the embedded default's data and index cache (ignored by git)
 DATA_FILES = {"data.train_files": "train.parquet", "data.val_files": "test.parquet"}
 
@@ -204,6 +206,18 @@ def build_index(corpus: Path, index_dir: Path) -> None:
     done.write_text(f"{corpus}\n")
 
 
+def check_remote_retriever(args: argparse.Namespace) -> None:
+    """A retriever URL on another machine must answer already: only a local one is started here.
+
+    Raises:
+        ValueError: naming the URL that does not answer.
+    """
+    remote = urlparse(args.retriever_url).hostname not in LOCAL_HOSTS
+    if remote and not args.no_retriever and not retriever_answers(args.retriever_url):
+        raise ValueError(f"no retriever answers at {args.retriever_url}; start it there (bash retrieval_launch.sh "
+                         f"on that machine), or give a local URL to have a BM25 server started")
+
+
 @contextmanager
 def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
     """Start a BM25 retrieval server when none answers at the URL; stop it on exit.
@@ -214,6 +228,7 @@ def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
     if args.no_retriever or retriever_answers(args.retriever_url):
         yield
         return
+    parsed = urlparse(args.retriever_url)
     from search_r1.search.launcher import launch_server
 
     corpus = (REPO / args.corpus).resolve()
@@ -221,7 +236,6 @@ def local_retriever(args: argparse.Namespace, log_path: Path | None = None):
     # DATA_DIR, nor beside the tracked corpus.
     index_dir = Path(args.index_dir) if args.index_dir else REPO / EXAMPLE_DATA_DIR / f"{corpus.stem}.bm25"
     build_index(corpus, index_dir)
-    parsed = urlparse(args.retriever_url)
     server_args = ["--retriever_name", "bm25", "--index_path", str(index_dir / "bm25"), "--corpus_path", str(corpus)]
     where = f" (log: {log_path})" if log_path else ""
     print(f"+ retrieval server on {args.retriever_url} over {corpus}{where}", flush=True)
@@ -261,6 +275,7 @@ def main(argv=None) -> int:
         checked = parse_config(overrides)  # a typo fails here, before any data, model or index is built
         # retriever.url=... wins over --retriever-url (RETRIEVER_URL), which wins over the config's default
         args.retriever_url = override_value(overrides, "retriever.url") or args.retriever_url or checked.retriever.url
+        check_remote_retriever(args)
         defaults = [*data_defaults(args, given), f"retriever.url={args.retriever_url}"]
         defaults = [d for d in defaults if d.split("=", 1)[0] not in given]  # the user's value wins
         config = check_run([*defaults, *overrides], user_model)

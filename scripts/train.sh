@@ -23,6 +23,10 @@ else
   export WARM_START=${WARM_START:-1}
   EXPERIMENT_NAME=${EXPERIMENT_NAME:-example-$ALGO-smollm2}
   ARGS=(+recipe=embedded_cpu_"$ALGO")
+  # Search-R1's format-aware reward scores its own tags: in its environment only (env.name's default).
+  env_name=search_r1
+  for arg in "$@"; do case "$arg" in env.name=* | +env.name=* | ++env.name=*) env_name=${arg#*=} ;; esac; done
+  [ "$env_name" = search_r1 ] && ARGS+=(+recipe=format_reward)
   [ -n "${TOTAL_STEPS:-}" ] && ARGS+=(trainer.total_training_steps="$TOTAL_STEPS")
 fi
 # The user's choices only: quickstart.py fills in the embedded defaults (and leaves a DATA_DIR it was given unwritten).

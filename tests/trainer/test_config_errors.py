@@ -101,7 +101,8 @@ def test_recipes_stack_in_order_and_overrides_win():
     """A script's recipe, the user's recipe on top, then key=value over every recipe."""
     grpo = parse_config(["+recipe=search_r1_grpo"])
     assert grpo.algorithm.adv_estimator == "grpo" and grpo.actor_rollout_ref.rollout.n == 5
-    embedded = parse_config(["+recipe=search_r1_grpo", "+recipe=embedded_cpu_grpo", "data.train_batch_size=4"])
+    embedded = parse_config(["+recipe=search_r1_grpo", "+recipe=embedded_cpu_grpo", "+recipe=format_reward",
+                             "data.train_batch_size=4"])
     assert embedded.actor_rollout_ref.rollout.n == 4 and embedded.data.val_batch_size == 8
     assert embedded.data.train_batch_size == 4 and embedded.reward_model.structure_format_score == 0.2
     ppo = parse_config(["recipe=[embedded_cpu_ppo]"])

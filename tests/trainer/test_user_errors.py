@@ -227,3 +227,23 @@ def test_trainer_names_data_smaller_than_one_batch(tiny_qwen_path, tmp_path):
     line = _one_error_line(_run([sys.executable, "-m", "verl.trainer.main_ppo", *overrides, "do_search=false"],
                                 timeout=300))
     assert line == f"error: data.train_batch_size=3 is larger than the dataset (1 rows); data.train_files={train}"
+
+
+@pytest.mark.parametrize("choice", ["env.name=tool_call", "+recipe=search_r1pp"])
+def test_train_script_takes_the_other_environment_and_presets_on_the_cpu_default(tmp_path, choice):
+    """The embedded default's Search-R1 format reward is added in Search-R1's environment only, and
+    Search-R1++ turns it off for its F1 reward: both configurations pass the check, so the first
+    error here is the (empty) data folder's."""
+    data = tmp_path / "mine"
+    data.mkdir()
+    result = _train_script(tmp_path, choice, DATA_DIR=str(data))
+    assert _one_error_line(result).startswith(f"error: DATA_DIR={data}: the folder {data} has no train.parquet")
+    _built_nothing(tmp_path, result)
+
+
+def test_train_script_does_not_start_a_retriever_for_a_remote_url(tmp_path):
+    """A retriever URL on another machine that does not answer is named, not bound to locally."""
+    url = "http://192.0.2.1:8000/retrieve"  # TEST-NET-1: routes nowhere
+    result = _train_script(tmp_path, WARM_START="0", RETRIEVER_URL=url)
+    assert _one_error_line(result).startswith(f"error: no retriever answers at {url}; start it there")
+    assert "retrieval server" not in result.stdout
