@@ -228,13 +228,13 @@ def adopt_validations(args, run: Run) -> list[str]:
     from verl.trainer.evaluation.report import summarise
     from verl.trainer.ppo.validation import read_records
 
+    format_reward = any(o.startswith("reward_model.") for o in rollout_overrides(args))
     done = []
     for step in args.eval_steps:
         dump, target = run.validations / f"{step}.jsonl", run.evaluation(step)
         if target.exists() or not dump.exists():
             continue
         records = read_records(dump)
-        format_reward = any(o.startswith("reward_model.") for o in rollout_overrides(args))
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(dump, target.parent / "questions.jsonl")
         target.write_text(json.dumps({"step": step, "evaluated_by": "the trainer's validation",

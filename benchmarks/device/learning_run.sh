@@ -10,12 +10,9 @@
 # /tmp/learning keeps data, index, warm start, checkpoints and results between calls; each poll's $OUT
 # gets the run's log, its training metrics and its JSON once written.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 SEARCH_R1_CACHE=/tmp/learning/cache
-out=${OUT:-benchmarks/results}
 work=/tmp/learning
-mkdir -p "$out" /tmp/parts "$work/results"
-export PYTHONPATH=/tmp/site:$PWD
+source benchmarks/device/common.sh
+mkdir -p "$work/results"
 report() {
   cp "$work"/results/learning_*.json "$work"/results/learning_*.png "$out/" 2>/dev/null
   for f in "$work"/*/logs/metrics.jsonl; do [ -f "$f" ] && gzip -c "$f" > "$out/metrics_$(basename "$(dirname "$(dirname "$f")")").jsonl.gz"; done
@@ -23,16 +20,9 @@ report() {
   grep -E "learning run:|evaluate step|^train |Traceback|Error" "$work/run.log" 2>/dev/null | tail -n 20
 }
 case "${STAGE:-poll}" in
-  copy)
-    cp .whl-big/* /tmp/parts/ 2>/dev/null
-    [ -d data/learning ] && mkdir -p "$work/data" && cp -r data/learning/* "$work/data/"
-    ls /tmp/parts "$work/data" 2>/dev/null | tr '\n' ' '; echo
-    ;;
+  copy) copy_carried ;;
   start)
-    mkdir -p .whl-big && cp /tmp/parts/* .whl-big/
-    started=$(date +%s)
-    [ -d /tmp/site/vllm ] || bash .whl/install.sh >/dev/null || exit 1
-    echo "install: $(( $(date +%s) - started )) s"
+    install_wheels || exit 1
     started=$(date +%s)
     timeout -k 10 "${TIMEOUT_S:-400}" python3 scripts/warm_start.py || exit 1
     echo "warm start: $(( $(date +%s) - started )) s"

@@ -10,23 +10,12 @@
 # /tmp/step_speed keeps data, index, warm start and the merged report between calls; each call's $OUT
 # gets the report so far (+ py-spy stacks with PYSPY_S=seconds).
 set -uo pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 SEARCH_R1_CACHE=/tmp/step_speed/cache
-out=${OUT:-benchmarks/results}
 work=/tmp/step_speed
-mkdir -p "$out" /tmp/parts "$work"
-export PYTHONPATH=/tmp/site:$PWD
+source benchmarks/device/common.sh
 case "${STAGE:-run}" in
-  copy)
-    cp .whl-big/* /tmp/parts/ 2>/dev/null
-    [ -d data/learning ] && mkdir -p "$work/data" && cp -r data/learning/* "$work/data/"
-    ls /tmp/parts "$work/data" 2>/dev/null | tr '\n' ' '; echo
-    ;;
+  copy) copy_carried ;;
   prepare)
-    mkdir -p .whl-big && cp /tmp/parts/* .whl-big/
-    started=$(date +%s)
-    [ -d /tmp/site/vllm ] || bash .whl/install.sh
-    echo "install: $(( $(date +%s) - started )) s"
+    install_wheels || exit 1
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
     started=$(date +%s)
     timeout -k 10 "${TIMEOUT_S:-500}" python3 scripts/warm_start.py || exit 1
