@@ -41,8 +41,8 @@ def small_reranker() -> str:
     target = cache_root() / "test_reranker" / f"{digest.hexdigest()[:16]}-{TEST_STEPS}"
     if not (target / "search_r1_reranker.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        recipe = build_reranker.Recipe(max_steps=TEST_STEPS, num_weak_questions=0, groups_per_step=4,
-                                       random_negatives=3)  # easy negatives: some signal within 40 steps
+        recipe = build_reranker.Recipe(max_steps=TEST_STEPS, num_weak_questions=0, groups_per_step=4, group_size=4,
+                                       random_negatives=1)  # easy negatives: some signal within 40 steps
         build_reranker.build(target, recipe, data)
     return str(target)
 
