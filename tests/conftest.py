@@ -1,6 +1,9 @@
 """Session-wide test settings: offline model loading, quiet tokenizers, shared real models."""
 
 import os
+import socket
+import subprocess
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -25,3 +28,35 @@ def tiny_qwen_path(tmp_path_factory) -> str:
     from benchmarks.save_random_model import build_tiny_causal_lm
 
     return build_tiny_causal_lm(tmp_path_factory.mktemp("tiny_qwen2"), arch="qwen2")
+
+
+def _free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def embedded_evaluation(tmp_path_factory):
+    """One real ``bash evaluate.sh --max_per_source 2 --html`` of the embedded CPU default, shared by
+    the end-to-end and the browser tests: no model named and no quick-start checkpoint (so the SmolLM2
+    warm start, built once and cached), the example/ test sets, a BM25 retriever that evaluate.sh
+    starts at the ``RETRIEVER_URL`` given and stops itself, the transformers engine.
+
+    Returns ``(completed process, output folder, retriever url)``.
+    """
+    repo = Path(__file__).resolve().parents[1]
+    root = tmp_path_factory.mktemp("evaluate")
+    url = f"http://127.0.0.1:{_free_port()}/retrieve"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DATA_DIR", "BASE_MODEL", "RETRIEVER_URL", "START_RETRIEVER", "CKPT_DIR")}
+    # RETRIEVER_URL as README's "sharing the machine" gives it: a server is still started there;
+    # CKPT_DIR without a checkpoint: the no-argument run falls back to the warm start, which a fresh
+    # machine builds first (an SFT of SmolLM2: ~4 minutes on 2 idle cores, more on a shared machine)
+    env.update(PYTHONPATH=str(repo), VLLM_CPU_KVCACHE_SPACE="1", ROLLOUT_NAME="hf", RETRIEVER_URL=url,
+               CKPT_DIR=str(root / "no_run"), DATA_DIR=str(root / "data"), QA_DIR="example/qa",
+               OUTPUT_DIR=str(root / "out"))
+    result = subprocess.run(["bash", str(repo / "evaluate.sh"), "--max_per_source", "2", "--html"], cwd=repo,
+                            env=env, capture_output=True, text=True, timeout=1500)
+    return result, root / "out", url

@@ -1,9 +1,7 @@
 """``bash evaluate.sh`` as a user runs it: the embedded default end to end, and its one-line errors.
 
-The end-to-end run is the CPU default without a model named and no quick-start checkpoint (so the
-SmolLM2 warm start, built once and cached), the example/ test sets, a BM25 retriever that
-evaluate.sh starts at the ``RETRIEVER_URL`` given and stops itself, Ray workers, the transformers
-engine, on the first question of each of the seven sources.
+The end-to-end run is the session's ``embedded_evaluation`` (tests/conftest.py): the CPU default on
+the first two questions of each of the seven sources, the run the report's browser test opens too.
 """
 
 from __future__ import annotations
@@ -43,35 +41,22 @@ def _error_line(result: subprocess.CompletedProcess) -> str:
     return lines[0]
 
 
-@pytest.fixture(scope="module")
-def embedded_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("evaluate")
-    url = f"http://127.0.0.1:{_free_port()}/retrieve"
-    # RETRIEVER_URL as README's "sharing the machine" gives it: a server is still started there;
-    # CKPT_DIR without a checkpoint: the no-argument run falls back to the warm start, which a fresh
-    # machine builds first (an SFT of SmolLM2: ~4 minutes on 2 idle cores, more on a shared machine)
-    result = _evaluate(["--max_per_source", "1"], timeout=1500, ROLLOUT_NAME="hf", RETRIEVER_URL=url,
-                       CKPT_DIR=str(root / "no_run"), DATA_DIR=str(root / "data"), QA_DIR="example/qa",
-                       OUTPUT_DIR=str(root / "out"))
-    return result, root / "out", url
-
-
 @pytest.mark.slow
-def test_embedded_default_end_to_end(embedded_run):
-    result, out, url = embedded_run
+def test_embedded_default_end_to_end(embedded_evaluation):
+    result, out, url = embedded_evaluation
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert f"+ retrieval server on {url}" in result.stdout
     import warm_start
 
     assert f"evaluating {warm_start.warm_start_dir()} (the SmolLM2 warm start; no checkpoint under " in result.stdout
-    assert "validation: 100%" in result.stderr and "7/7" in result.stderr  # the progress bar over questions
+    assert "validation: 100%" in result.stderr and "14/14" in result.stderr  # the progress bar over questions
     assert "batch 1, turn 1/" in result.stderr and "rows generating" in result.stderr  # ... moved on every turn
     with pytest.raises(httpx.HTTPError):  # the retriever evaluate.sh started is stopped again
         httpx.post(url, json={"queries": ["x"], "topk": 1}, timeout=2)
 
     records = [json.loads(line) for line in (out / "questions.jsonl").read_text().splitlines()]
-    assert [r["data_source"] for r in records] == ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa",
-                                                   "musique", "bamboogle"]
+    sources = ["nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle"]
+    assert [r["data_source"] for r in records] == [s for s in sources for _ in range(2)]
     first = records[0]
     assert first["question"] == "who played daisy duke in the new dukes of hazzard?"  # example/qa/nq/test.jsonl row 0
     assert first["gold"] == ["Jessica Simpson"] and first["uid"] == "nq-test-0"
@@ -84,21 +69,21 @@ def test_embedded_default_end_to_end(embedded_run):
 
     evaluation = json.loads((out / "evaluation.json").read_text())
     table = evaluation["table"]
-    assert list(table["sources"]) == [r["data_source"] for r in records]
-    assert all(row["count"] == 1 for row in table["sources"].values())
+    assert list(table["sources"]) == sources
+    assert all(row["count"] == 2 for row in table["sources"].values())
     ems = [r["em"] for r in records]
-    assert table["average"]["em"] == pytest.approx(sum(ems) / 7)
+    assert table["average"]["em"] == pytest.approx(sum(ems) / 14)
     assert evaluation["metrics"]["val/test_em/all"] == pytest.approx(table["pooled"]["em"])
-    assert evaluation["step"] == 0 and evaluation["max_per_source"] == 1 and evaluation["commit"]
+    assert evaluation["step"] == 0 and evaluation["max_per_source"] == 2 and evaluation["commit"]
     assert evaluation["data"][0].endswith("test.parquet") and evaluation["settings"]["sampling"]["do_sample"] is False
     markdown = (out / "evaluation.md").read_text()
-    assert "| **average** (7 sources) | 7 |" in markdown and "Table 2" in markdown
+    assert "| **average** (7 sources) | 14 |" in markdown and "Table 2" in markdown
     assert markdown.split("\n\n", 1)[1] in result.stdout  # the table is printed too
 
 
 @pytest.mark.slow
-def test_compare_two_results(embedded_run, tmp_path):
-    _, out, _ = embedded_run
+def test_compare_two_results(embedded_evaluation, tmp_path):
+    _, out, _ = embedded_evaluation
     result = _evaluate(["--compare", str(out / "evaluation.json"), str(out / "evaluation.json"),
                         "--out", str(tmp_path / "cmp.json")])
     assert result.returncode == 0, result.stderr

@@ -8,10 +8,7 @@ question carry ``<script>`` and ``onerror`` markup, which must show as text and 
 
 from __future__ import annotations
 
-import os
 import shutil
-import socket
-import subprocess
 from collections import Counter
 from pathlib import Path
 
@@ -21,7 +18,7 @@ from search_r1.report import __main__ as cli
 from search_r1.report import page as report_page
 from verl.trainer.ppo.validation import read_records
 
-from .helpers import REPO, handmade, write_jsonl
+from .helpers import handmade, write_jsonl
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.slow,
@@ -33,25 +30,13 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
          "--disable-component-update", "--disable-sync"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def evaluation(tmp_path_factory) -> Path:
-    """The output folder of a real ``evaluate.sh --html`` run, 2 questions of each of the 7 sources."""
-    root = tmp_path_factory.mktemp("evaluate")
-    env = {k: v for k, v in os.environ.items() if k not in ("DATA_DIR", "BASE_MODEL", "RETRIEVER_URL")}
-    env.update(PYTHONPATH=str(REPO), VLLM_CPU_KVCACHE_SPACE="1", ROLLOUT_NAME="hf", START_RETRIEVER="1",
-               RETRIEVER_URL=f"http://127.0.0.1:{_free_port()}/retrieve", DATA_DIR=str(root / "data"),
-               QA_DIR="example/qa", OUTPUT_DIR=str(root / "out"))
-    result = subprocess.run(["bash", str(REPO / "evaluate.sh"), "--max_per_source", "2", "--html"], cwd=REPO,
-                            env=env, capture_output=True, text=True, timeout=900)
+def evaluation(embedded_evaluation) -> Path:
+    """The output folder of the session's real ``evaluate.sh --max_per_source 2 --html`` run."""
+    result, out, _ = embedded_evaluation
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    assert f"and {root / 'out' / 'report.html'}" in result.stdout  # the closing line names it
-    return root / "out"
+    assert f"and {out / 'report.html'}" in result.stdout  # the closing line names it
+    return out
 
 
 @pytest.fixture(scope="module")
