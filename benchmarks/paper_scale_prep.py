@@ -95,11 +95,13 @@ def make_search_model(src: str, out: str, close_every: float = 150.0, device: st
     tokenizer.add_tokens([OPEN, CLOSE])
     tokenizer.chat_template = None
     open_id, close_id = tokenizer.convert_tokens_to_ids([OPEN, CLOSE])
-    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.bfloat16).to(device)
+    # calibrated in float32 on a CPU, where bfloat16 matmuls are several times slower; saved in bfloat16
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         raise ValueError(f"{src}: {len(tokenizer)} token ids do not fit the model's embedding")
     info = bias_model(model, open_id, close_id, close_every)
-    model.save_pretrained(out)
+    model.to(torch.bfloat16).save_pretrained(out)
     tokenizer.save_pretrained(out)
     config = Path(out) / "tokenizer_config.json"
     data = json.loads(config.read_text())

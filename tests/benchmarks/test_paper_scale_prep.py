@@ -35,7 +35,8 @@ def test_biased_model_closes_searches_at_the_calibrated_rate(random_model_dir, t
     assert info["close"][1] == pytest.approx(1 / 30, rel=0.5) and info["open"][1] == pytest.approx(2 / 30, rel=0.5)
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "search")
     assert not tokenizer.chat_template and json.loads((tmp_path / "search" / "search_bias.json").read_text())
-    model = AutoModelForCausalLM.from_pretrained(tmp_path / "search")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "search", dtype=torch.float32)  # saved in bf16
+    assert next(AutoModelForCausalLM.from_pretrained(tmp_path / "search").parameters()).dtype == torch.bfloat16
     prompt = tokenizer("Question: who wrote it?\n" + PREFIX, return_tensors="pt").input_ids
     assert tokenizer.convert_ids_to_tokens(prompt[0, -1:].tolist()) == [OPEN]
     torch.manual_seed(0)

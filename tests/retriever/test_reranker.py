@@ -4,7 +4,7 @@ documented command (``example/retriever/serve_reranked.sh``) behind BM25 and beh
 The reranker is a real fine-tune of the shipped MiniLM weights by ``scripts/build_reranker.py``,
 shortened to fit a test on 2 CPU cores (gold-labelled training questions only, a few dozen steps), on
 the shared data or, without them, on the repo's example/ data, cached under
-``~/.cache/search_r1/test_reranker`` keyed by the data and by the builder's and the reranker's source.
+``~/.cache/search_r1/test_reranker`` keyed by the data, the recipe and the builder's and reranker's source.
 """
 
 from __future__ import annotations
@@ -35,14 +35,14 @@ def small_reranker() -> str:
     from verl.utils.model_zoo import cache_root
 
     data = build_reranker.find_training_data()
-    digest = hashlib.sha1(data.source.encode())
+    recipe = build_reranker.Recipe(max_steps=TEST_STEPS, num_weak_questions=0, groups_per_step=4, group_size=4,
+                                   random_negatives=1)  # easy negatives: some signal within 40 steps
+    digest = hashlib.sha1((data.source + repr(recipe)).encode())
     for path in (REPO / "scripts/build_reranker.py", REPO / "search_r1/search/reranker.py"):
         digest.update(path.read_bytes())
     target = cache_root() / "test_reranker" / f"{digest.hexdigest()[:16]}-{TEST_STEPS}"
     if not (target / "search_r1_reranker.json").exists():
         target.parent.mkdir(parents=True, exist_ok=True)
-        recipe = build_reranker.Recipe(max_steps=TEST_STEPS, num_weak_questions=0, groups_per_step=4, group_size=4,
-                                       random_negatives=1)  # easy negatives: some signal within 40 steps
         build_reranker.build(target, recipe, data)
     return str(target)
 
