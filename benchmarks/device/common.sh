@@ -2,14 +2,32 @@
 # environment and the two stages they share. /tmp/parts and $work last while the machine is held.
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 SEARCH_R1_CACHE=$work/cache
+# torch.compile's and vLLM's caches (inductor graphs, Triton kernels, vLLM's compiled model) in one
+# place, so a run can send them back (send_compile_cache) and the next machine start warm from them
+export TORCHINDUCTOR_CACHE_DIR=$work/compile/torchinductor TRITON_CACHE_DIR=$work/compile/triton
+export VLLM_CACHE_ROOT=$work/compile/vllm
 export PYTHONPATH=/tmp/site:$PWD
 out=${OUT:-benchmarks/results}
 mkdir -p "$out" /tmp/parts "$work"
 
-copy_carried() {  # the wheel parts and the learning data this call carried
+copy_carried() {  # the wheel parts, the learning data and the compile cache parts this call carried
   cp .whl-big/* /tmp/parts/ 2>/dev/null
   [ -d data/learning ] && mkdir -p "$work/data" && cp -r data/learning/* "$work/data/"
-  ls /tmp/parts "$work/data" 2>/dev/null | tr '\n' ' '; echo
+  [ -d .cache/device-compile ] && mkdir -p "$work/compile-parts" && cp .cache/device-compile/* "$work/compile-parts/"
+  ls /tmp/parts "$work/data" "$work/compile-parts" 2>/dev/null | tr '\n' ' '; echo
+}
+
+unpack_compile_cache() {  # the parts copied so far (an earlier machine's send_compile_cache), once
+  [ -d "$work/compile-parts" ] && [ ! -d "$work/compile" ] || return 0
+  mkdir -p "$work/compile" && cat "$work"/compile-parts/compile_cache.tgz.part* | tar -xz -C "$work/compile" \
+    && echo "compile cache: $(du -sh "$work/compile" | cut -f1) unpacked"
+}
+
+send_compile_cache() {  # once, after the first training step: the caches into $out, <= 15 MiB parts
+  [ -f "$work/compile.sent" ] || ! grep -q "^step:2 " "$work/run.log" 2>/dev/null && return 0
+  tar -cz -C "$work/compile" . | split -b 15m - "$out/compile_cache.tgz.part"
+  touch "$work/compile.sent"
+  echo "compile cache: $(cat "$out"/compile_cache.tgz.part* | wc -c) bytes in $(ls "$out"/compile_cache.tgz.part* | wc -l) parts"
 }
 
 install_wheels() {  # the parts copied so far and .whl (carried by this call), into /tmp/site once

@@ -4,11 +4,14 @@
 # Here first: bash ../shared/device/wheels.sh --vllm; python benchmarks/learning_data.py --out data/learning
 # Then device calls, back to back (the machine goes back after 30 s idle):
 #   STAGE=copy bash benchmarks/device/learning_run.sh     # carrying .whl-big parts (<= 64 MiB a call) / data/learning
+#                                                          # / .cache/device-compile (an earlier run's compile cache)
 #   STAGE=start ARGS="--algo grpo --steps 100 --eval_steps 0,50,100" bash benchmarks/device/learning_run.sh
 #                                                          # carrying .whl: install, warm start, the run detached
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/learning_run.sh   # repeat until it prints "learning run: done"
 # /tmp/learning keeps data, index, warm start, checkpoints and results between calls; each poll's $OUT
-# gets the run's log, its training metrics and its JSON once written.
+# gets the run's log, its training metrics and its JSON once written, and once, after the first training
+# step, the compile caches as compile_cache.tgz.part* (keep them in .cache/device-compile/ here and carry
+# them on the next machine: the first step's torch.compile then comes from the cache).
 set -uo pipefail
 work=/tmp/learning
 source benchmarks/device/common.sh
@@ -23,6 +26,7 @@ case "${STAGE:-poll}" in
   copy) copy_carried ;;
   start)
     install_wheels || exit 1
+    unpack_compile_cache
     started=$(date +%s)
     timeout -k 10 "${TIMEOUT_S:-400}" python3 scripts/warm_start.py || exit 1
     echo "warm start: $(( $(date +%s) - started )) s"
@@ -37,5 +41,6 @@ case "${STAGE:-poll}" in
       sleep 10; waited=$((waited + 10))
     done
     report
+    send_compile_cache
     ;;
 esac

@@ -21,6 +21,46 @@ def prompts(tokenizer):
     return [chat_prompt(tokenizer, q) for q in QUESTIONS]
 
 
+@pytest.fixture(scope="module")
+def process_engine(smollm2_path, tokenizer):
+    """The vLLM engine with its engine core in a process of its own (``rollout.engine_process``)."""
+    import bm25s  # noqa: F401  (as vllm_engine: the kernel scan must cope with llvmlite here too)
+    from verl.workers.rollout import build_rollout_engine
+    engine = build_rollout_engine({"name": "vllm", "dtype": "float32", "max_model_len": 1024, "kv_cache_space_gib": 1,
+                                   "engine_process": True}, smollm2_path, tokenizer)
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(params=["in_process", "engine_process"])
+def any_vllm_engine(request):
+    """Each vLLM engine placement in turn: the engine core in this process, then in its own."""
+    return request.getfixturevalue("vllm_engine" if request.param == "in_process" else "process_engine")
+
+
+def test_engine_process_runs_apart_with_the_same_outputs(process_engine, vllm_engine, prompts):
+    """The engine core is a child process (vLLM's multiprocess client talks to it); greedy outputs
+    and their log-probs match the in-process engine's."""
+    import psutil
+
+    assert not process_engine.in_process and vllm_engine.in_process
+    assert type(process_engine.llm.llm_engine.engine_core).__name__ == "SyncMPClient"
+    assert type(vllm_engine.llm.llm_engine.engine_core).__name__ == "InprocClient"
+    names = [child.name() for child in psutil.Process().children(recursive=True)]
+    assert any("EngineCore" in name for name in names), names
+    params = SamplingParams(temperature=0, max_tokens=24, stop=["</search>"])
+    apart, here = process_engine.generate(prompts, params), vllm_engine.generate(prompts, params)
+    for a, h in zip(apart, here):
+        assert (a.token_ids, a.finish_reason, a.stop_str) == (h.token_ids, h.finish_reason, h.stop_str)
+        assert max(abs(x - y) for x, y in zip(a.log_probs, h.log_probs)) < 1e-4
+
+
+def test_engine_process_needs_the_uni_executor(smollm2_path):
+    from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine
+    with pytest.raises(ValueError, match="engine_process needs the uni executor"):
+        VLLMRolloutEngine(smollm2_path, tensor_parallel_size=2, engine_process=True)
+
+
 def test_greedy_parity_hf_vs_vllm(hf_engine, vllm_engine, prompts):
     params = SamplingParams(temperature=0, max_tokens=24)
     hf_out = hf_engine.generate(prompts, params)
@@ -60,8 +100,9 @@ def perturbed_state(smollm2_path, scale: float = 0.02, seed: int = 0):
     return model
 
 
-def test_weight_push_matches_transformers(vllm_engine, tokenizer, smollm2_path, prompts):
+def test_weight_push_matches_transformers(any_vllm_engine, tokenizer, smollm2_path, prompts):
     from verl.workers.rollout.hf_rollout import HFRolloutEngine
+    vllm_engine = any_vllm_engine
     params = SamplingParams(temperature=0, max_tokens=24)
     before = [o.token_ids for o in vllm_engine.generate(prompts, params)]
     model = perturbed_state(smollm2_path, scale=0.3)
@@ -71,10 +112,34 @@ def test_weight_push_matches_transformers(vllm_engine, tokenizer, smollm2_path, 
         reference = [o.token_ids for o in HFRolloutEngine(tokenizer, model=model).generate(prompts, params)]
         assert after != before
         assert after == reference
+        # an engine-core process on a CPU has no CUDA IPC: its weights go through /dev/shm
+        expected = "worker_extension" if vllm_engine.in_process or torch.cuda.is_available() else "reload_weights_shm"
+        assert vllm_engine.weight_route == expected
     finally:
         original = perturbed_state(smollm2_path, scale=0.0)
         vllm_engine.update_weights(original.state_dict().items())
     assert [o.token_ids for o in vllm_engine.generate(prompts, params)] == before
+
+
+def test_packed_weights_read_back_exactly():
+    """The weight push's packed buffer (CUDA IPC carries it to an engine-core process): every tensor
+    read back bit for bit, in order, each at an aligned offset; one device only."""
+    from verl.workers.rollout.vllm_worker import ALIGN_BYTES, pack_for_ipc, pack_tensors, tensor_views
+
+    gen = torch.Generator().manual_seed(0)
+    tensors = {"a": torch.randn(3, 5, generator=gen), "b": torch.randn(7, generator=gen).to(torch.bfloat16),
+               "c": torch.tensor(2.5, dtype=torch.float16), "d": torch.arange(6, dtype=torch.int64).view(2, 3)}
+    buffer, layout = pack_tensors(tensors)
+    assert buffer.dtype == torch.uint8 and all(row[3] % ALIGN_BYTES == 0 for row in layout)
+    views = tensor_views(buffer, layout)
+    assert [name for name, _ in views] == list(tensors)
+    for (name, view), original in zip(views, tensors.values()):
+        assert view.dtype == original.dtype and view.shape == original.shape and torch.equal(view, original), name
+    with pytest.raises(ValueError, match="exactly one device"):
+        pack_tensors({"a": torch.zeros(2), "b": torch.zeros(2, device="meta")})
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA IPC needs"):
+            pack_for_ipc(tensors)
 
 
 def test_hf_engine_seed_drives_unseeded_requests(hf_engine, tokenizer, smollm2_path, prompts):
@@ -96,20 +161,22 @@ def test_hf_update_weights_rejects_unknown_name(tokenizer, smollm2_path):
         engine.update_weights([("nope", torch.zeros(1))])
 
 
-def test_release_and_resume_memory_keep_the_engine_usable(vllm_engine, prompts):
-    """On CPU the KV cache's storage is freed (size 0) and re-allocated; on GPU sleep(level=1)."""
+def test_release_and_resume_memory_keep_the_engine_usable(any_vllm_engine, prompts):
+    """On CPU the KV cache's storage is freed (size 0) and re-allocated where the model lives (this
+    process or the engine core's); on GPU sleep(level=1)."""
     import torch
 
+    vllm_engine = any_vllm_engine
     params = SamplingParams(temperature=0, max_tokens=8)
     before = vllm_engine.generate(prompts, params)
-    storages = vllm_engine._kv_storages()
-    sizes = [s.nbytes() for s in storages]
+    sizes = vllm_engine.kv_cache_bytes()
     vllm_engine.release_memory()
     vllm_engine.release_memory()  # idempotent
     if not torch.cuda.is_available():
-        assert storages and sum(sizes) > 2**29 and all(s.nbytes() == 0 for s in storages)
+        released = vllm_engine.kv_cache_bytes()
+        assert sizes and sum(sizes) > 2**29 and released == [0] * len(sizes)
     vllm_engine.resume_memory()
-    assert [s.nbytes() for s in vllm_engine._kv_storages()] == sizes
+    assert vllm_engine.kv_cache_bytes() == sizes
     after = vllm_engine.generate(prompts, params)
     assert [o.token_ids for o in after] == [o.token_ids for o in before]
 

@@ -38,7 +38,7 @@ def build_rollout_engine(rollout_config: RolloutConfig | Mapping, model_path: st
 
     Args:
         rollout_config: a ``RolloutConfig`` or a mapping of its keys (``name``, ``dtype``,
-            ``tensor_model_parallel_size``, ``gpu_memory_utilization``, ``enforce_eager``,
+            ``tensor_model_parallel_size``, ``engine_process``, ``gpu_memory_utilization``, ``enforce_eager``,
             ``kv_cache_space_gib``, ``max_num_batched_tokens``, ``max_num_seqs``, ``seed``).
         model_path: weights the engine starts from (vLLM always loads from here).
         tokenizer: the policy's tokenizer.
@@ -62,7 +62,7 @@ def build_rollout_engine(rollout_config: RolloutConfig | Mapping, model_path: st
         extra = {**{k: v for k, v in scheduler.items() if v is not None}, **engine_options.pop("extra_engine_kwargs", {})}
         return VLLMRolloutEngine(
             model_path, dtype=config.dtype, max_model_len=length,
-            tensor_parallel_size=config.tensor_model_parallel_size,
+            tensor_parallel_size=config.tensor_model_parallel_size, engine_process=config.engine_process,
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=_enforce_eager(config.enforce_eager),
             kv_cache_space_gib=config.kv_cache_space_gib, seed=config.seed, extra_engine_kwargs=extra,
             **engine_options)

