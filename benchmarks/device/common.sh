@@ -24,7 +24,8 @@ unpack_compile_cache() {  # the parts copied so far (an earlier machine's send_c
 }
 
 send_compile_cache() {  # once, after the first training step: the caches into $out, <= 15 MiB parts
-  [ -f "$work/compile.sent" ] || ! grep -q "^step:2 " "$work/run.log" 2>/dev/null && return 0
+  [ -f "$work/compile.sent" ] && return 0
+  grep -q "^step:2 " "$work/run.log" 2>/dev/null || return 0
   tar -cz -C "$work/compile" . | split -b 15m - "$out/compile_cache.tgz.part"
   touch "$work/compile.sent"
   echo "compile cache: $(cat "$out"/compile_cache.tgz.part* | wc -c) bytes in $(ls "$out"/compile_cache.tgz.part* | wc -l) parts"

@@ -161,6 +161,11 @@ def test_hf_update_weights_rejects_unknown_name(tokenizer, smollm2_path):
         engine.update_weights([("nope", torch.zeros(1))])
 
 
+def kv_cache_bytes(engine) -> list[int]:
+    """Bytes behind the engine's KV cache, asked where the model lives (this process or the engine core's)."""
+    return engine.llm.collective_rpc("search_r1_kv_cache_bytes")[0]
+
+
 def test_release_and_resume_memory_keep_the_engine_usable(any_vllm_engine, prompts):
     """On CPU the KV cache's storage is freed (size 0) and re-allocated where the model lives (this
     process or the engine core's); on GPU sleep(level=1)."""
@@ -169,14 +174,14 @@ def test_release_and_resume_memory_keep_the_engine_usable(any_vllm_engine, promp
     vllm_engine = any_vllm_engine
     params = SamplingParams(temperature=0, max_tokens=8)
     before = vllm_engine.generate(prompts, params)
-    sizes = vllm_engine.kv_cache_bytes()
+    sizes = kv_cache_bytes(vllm_engine)
     vllm_engine.release_memory()
     vllm_engine.release_memory()  # idempotent
     if not torch.cuda.is_available():
-        released = vllm_engine.kv_cache_bytes()
+        released = kv_cache_bytes(vllm_engine)
         assert sizes and sum(sizes) > 2**29 and released == [0] * len(sizes)
     vllm_engine.resume_memory()
-    assert vllm_engine.kv_cache_bytes() == sizes
+    assert kv_cache_bytes(vllm_engine) == sizes
     after = vllm_engine.generate(prompts, params)
     assert [o.token_ids for o in after] == [o.token_ids for o in before]
 

