@@ -19,11 +19,13 @@ Every call does, within ``--budget_s`` seconds:
    result yet (step 0: the warm start itself), each only when the time it is expected to take (the
    longest evaluation so far, ``eval_s`` in ``<work_dir>/<algo>/state.json``; step 0's first) is left
    in the budget; one that is not is reported in the call's log and runs first in the next call;
-4. ``bash train_grpo.sh`` / ``train_ppo.sh`` with ``trainer.resume_mode=auto`` until the budget runs
-   out, less the time kept for the evaluations still due (every evaluation step reached and not yet
-   evaluated, plus the next one training may reach: :func:`reserved_s`); then SIGTERM to its process
-   group, then SIGKILL: checkpoints are written atomically, so the next call resumes from the last one,
-   every ``--save_freq`` steps; then evaluations again;
+4. ``bash train_grpo.sh`` / ``train_ppo.sh`` with ``trainer.resume_mode=auto`` and
+   ``trainer.max_time_s`` set to the budget left, less the time kept for the evaluations still due
+   (every evaluation step reached and not yet evaluated, plus the next one training may reach:
+   :func:`reserved_s`) and the stop grace: the trainer ends itself at the last step that fits, with a
+   checkpoint there (and, with ``--eval_in_trainer``, its validation: the JSON's last evaluation), so
+   the next call resumes from it. Should it overrun, SIGTERM to its process group, then SIGKILL
+   (checkpoints are written atomically: the next call resumes from the last one); then evaluations again;
 5. removal of checkpoints that are neither the latest nor an evaluation step still to evaluate, and
    ``<out_dir>/learning_<algo>.json`` (+ ``.png``): ``algorithm``, ``steps``, the evaluation tables by
    step, comparisons with step 0, the training curves, the step-time split, the commands.
@@ -56,6 +58,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "scripts"))
 
 import learning_check  # noqa: E402  (its CPU sizes and the format reward)
+from gpu_generation import host_probe_ms  # noqa: E402
 from verl.trainer.overrides import recipe_overrides  # noqa: E402
 
 SCRIPTS = {"grpo": "train_grpo.sh", "gae": "train_ppo.sh"}
@@ -158,10 +161,14 @@ def validation_overrides(args, run: Run) -> list[str]:
             f"data.val_batch_size={VAL_BATCH[args.profile]}", f"trainer.validation_data_dir={run.validations}"]
 
 
-def train_overrides(args, run: Run) -> list[str]:
+def train_overrides(args, run: Run, max_time_s: float | None = None) -> list[str]:
+    """Training's overrides; ``max_time_s``: the trainer's own time limit (``trainer.max_time_s``),
+    unless the extra overrides set one."""
+    given = any(o.startswith("trainer.max_time_s=") for o in args.extra)
+    limit = [f"trainer.max_time_s={max(max_time_s, 1.0):.0f}"] if max_time_s and not given else []
     return [*TRAIN[args.profile], *rollout_overrides(args), f"trainer.total_training_steps={args.steps}",
             f"trainer.save_freq={args.save_freq}", *validation_overrides(args, run), "trainer.resume_mode=auto", "trainer.export_hf=true", "trainer.logger=[console,jsonl]",
-            f"trainer.log_dir={run.logs}", f"trainer.experiment_name=learning-{args.label}"]
+            f"trainer.log_dir={run.logs}", f"trainer.experiment_name=learning-{args.label}", *limit]
 
 
 def child_env(args, model: str, url: str, data: Path, **more) -> dict:
@@ -230,7 +237,7 @@ def adopt_validations(args, run: Run) -> list[str]:
 
     format_reward = any(o.startswith("reward_model.") for o in rollout_overrides(args))
     done = []
-    for step in args.eval_steps:
+    for step in sorted(int(p.stem) for p in run.validations.glob("*.jsonl") if p.stem.isdigit()):
         dump, target = run.validations / f"{step}.jsonl", run.evaluation(step)
         if target.exists() or not dump.exists():
             continue
@@ -307,7 +314,10 @@ def one_call(args) -> bool:
             if args.eval_in_trainer:
                 log += evaluate_pending(args, run, warm_start, url, data, deadline)
         elif run.latest_step() < args.steps:
-            cmd = ["bash", SCRIPTS[args.algo], *train_overrides(args, run)]
+            # the trainer ends itself in time, at a step it validates (with --eval_in_trainer) and
+            # checkpoints; stop_when below stays as the backstop
+            max_time_s = left - reserved_s(args, run) - STOP_GRACE_S
+            cmd = ["bash", SCRIPTS[args.algo], *train_overrides(args, run, max_time_s)]
             env = child_env(args, warm_start, url, data, CKPT_DIR=str(run.ckpt), EXPERIMENT_NAME=f"learning-{args.label}")
             limit = before + args.max_new_steps if args.max_new_steps else None
 
@@ -322,7 +332,8 @@ def one_call(args) -> bool:
     prune(args, run)
     calls = json.loads(run.calls.read_text()) if run.calls.exists() else []
     calls.append({"started": time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)),
-                  "seconds": round(time.time() - started, 1), "steps": [before, run.latest_step()], "log": log})
+                  "seconds": round(time.time() - started, 1), "steps": [before, run.latest_step()], "log": log,
+                  "host_probe_ms": round(host_probe_ms(), 1)})
     run.calls.write_text(json.dumps(calls, indent=1) + "\n")
     result = collect(args, run, warm_start, data)
     write_result(result, Path(args.out_dir), args.label)
@@ -337,7 +348,7 @@ def collect(args, run: Run, warm_start: str, data: Path) -> dict:
     from verl.trainer.evaluation.report import compare
 
     rows = learning_check.read_metrics(run.logs / "metrics.jsonl") if (run.logs / "metrics.jsonl").exists() else []
-    evaluations = {str(s): json.loads(run.evaluation(s).read_text()) for s in args.eval_steps if run.evaluation(s).exists()}
+    evaluations = {str(s): json.loads(run.evaluation(s).read_text()) for s in evaluated_steps(run)}
     comparisons = {f"{s}_vs_0": compare(evaluations["0"]["table"], e["table"]) for s, e in evaluations.items()
                    if s != "0" and "0" in evaluations}
     return {"algorithm": args.algo, "recipes": args.recipes, "label": args.label, "steps": run.latest_step(),
@@ -348,6 +359,11 @@ def collect(args, run: Run, warm_start: str, data: Path) -> dict:
             "warm_start": warm_start, "data": json.loads((data / "selection.json").read_text())["counts"],
             "command": "python " + " ".join(sys.argv), "train_command": " ".join(["bash", SCRIPTS[args.algo], *train_overrides(args, run)]),
             "calls": json.loads(run.calls.read_text()), **provenance()}
+
+
+def evaluated_steps(run: Run) -> list[int]:
+    """Every step with an evaluation: those of ``--eval_steps`` and the one a time limit ended training at."""
+    return sorted(int(p.parent.name) for p in run.evals.glob("*/evaluation.json") if p.parent.name.isdigit())
 
 
 def goal(evaluations: dict) -> dict:

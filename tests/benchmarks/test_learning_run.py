@@ -155,7 +155,9 @@ def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, ca
 @pytest.mark.skipif(not (SHARED / "qa").is_dir(), reason=f"shared data not found at {SHARED}")
 def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, capfd):
     """--eval_in_trainer: the trainer validates at the evaluation steps (before training, then every
-    gcd of them) and the run's tables come from its per-question dumps: no evaluate.sh process."""
+    gcd of them) and the run's tables come from its per-question dumps: no evaluate.sh process. A
+    call whose time runs out (here ``trainer.max_time_s=1``) ends training at a validated step, which
+    the JSON reports; the next call goes on from it."""
     import learning_data
     import pyarrow.parquet as pq
 
@@ -167,13 +169,19 @@ def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, capfd):
             "--model", tiny_qwen_path, "--eval_in_trainer", "--work_dir", str(tmp_path / "work"),
             "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data"), "--budget_s", "1500",
             "--min_train_s", "0", "--retriever", "bm25"]
+    assert learning_run.main([*argv, "trainer.max_time_s=1"]) == 3
+    out = capfd.readouterr().out
+    assert "trainer.max_time_s: step 1 of 2 is the last" in out
+    assert "evaluate step 0: the trainer's validation (7 questions)" in out
+    assert "evaluate step 1: the trainer's validation (7 questions)" in out
+    result = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
+    assert result["steps"] == 1 and sorted(result["evaluations"]) == ["0", "1"] and result["goal"]["final_step"] == 1
     assert learning_run.main(argv) == 0
     out = capfd.readouterr().out
-    assert "evaluate.sh" not in out
-    assert "evaluate step 0: the trainer's validation (7 questions)" in out
+    assert "evaluate.sh" not in out and "resumed from" in out
     assert "evaluate step 2: the trainer's validation (7 questions)" in out
     run = learning_run.Run(tmp_path / "work", "gae")
-    assert sorted(p.name for p in run.validations.glob("*.jsonl")) == ["0.jsonl", "2.jsonl"]  # none at step 1
+    assert sorted(p.name for p in run.validations.glob("*.jsonl")) == ["0.jsonl", "1.jsonl", "2.jsonl"]
     result = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
-    assert result["steps"] == 2 and sorted(result["evaluations"]) == ["0", "2"]
+    assert result["steps"] == 2 and sorted(result["evaluations"], key=int) == ["0", "1", "2"]
     assert result["evaluations"]["2"]["table"]["pooled"]["count"] == 7 and "2_vs_0" in result["comparisons"]

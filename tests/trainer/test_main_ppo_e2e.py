@@ -126,3 +126,17 @@ def test_tool_call_environment_trains_through_the_entry_point(tiny_qwen_path, qa
     records = [__import__("json").loads(line) for line in open(tmp_path / "val" / "1.jsonl")]
     assert len(records) == 4 and all('"name": "search"' in r["input"] for r in records)  # the tool in the prompt
     assert not (tmp_path / "val" / "1.html").exists()  # tool_call has no trajectory report
+
+
+def test_max_time_ends_at_a_validated_checkpoint(tiny_qwen_path, qa_parquet, retriever_url, tmp_path):
+    """``trainer.max_time_s`` shorter than the process start-up: step 1 becomes the last of 3, with its
+    validation and checkpoint although neither frequency falls on it, and the run exits 0 (the next
+    one resumes from that checkpoint as from any: test_resume_after_kill_equals_straight_run)."""
+    out, dumps = tmp_path / "run", tmp_path / "val"
+    result = run_main(tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + [
+        "trainer.backend=local", "trainer.save_freq=10", "trainer.test_freq=10", "trainer.export_hf=false",
+        f"trainer.validation_data_dir={dumps}", "trainer.total_training_steps=3", "trainer.max_time_s=1"])
+    _check_ok(result)
+    assert "trainer.max_time_s: step 1 of 3 is the last" in result.stdout
+    assert (out / "latest_checkpointed_iteration.txt").read_text() == "1" and (dumps / "1.jsonl").exists()
+    assert "val/test_score/nq" in read_metrics(out)[-1] and read_metrics(out)[-1]["step"] == 1

@@ -71,6 +71,11 @@ class TrainerConfig:
     every question); 0: no report"""
     critic_warmup: int = 0
     """steps that update only the critic before the actor starts"""
+    max_time_s: Optional[float] = None
+    """wall-clock seconds the run may take from its process's start (a job's time limit): the step
+    after which one more step, the final validation and the final checkpoint would not fit becomes
+    the last, validated and checkpointed (the estimates are the slowest recent step, the last
+    validation and the last save); the next run resumes from it. `null`: no limit"""
     seed: int = 1
     """seed of the controller's RNGs"""
     default_local_dir: str = "verl_checkpoints/${.experiment_name}"

@@ -8,6 +8,7 @@ pieces is ``trainer_setup``.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -16,6 +17,7 @@ from tqdm import tqdm
 
 from verl.trainer.ppo import checkpointing, metric_utils, resume_check, stages
 from verl.trainer.ppo.health import HealthMonitor
+from verl.trainer.ppo.time_budget import TimeBudget
 from verl.trainer.ppo.validation import run_validation
 from verl.utils.config import ConfigError
 from verl.utils.timer import timer
@@ -60,6 +62,7 @@ class RayPPOTrainer:
         self.val_params = sampling_params(rollout_cfg, data_cfg.max_response_length, validate=True)
         self.peak_flops = metric_utils.device_peak_flops(config.trainer.device_peak_flops)
         self.health = HealthMonitor(config.trainer.health, rollout.env, tokenizer)
+        self.time_budget = TimeBudget(config.trainer.max_time_s)
         self.global_step = 0
         self.unfinished_save: int | None = None  # the step of a save that an exception cut short
 
@@ -142,12 +145,28 @@ class RayPPOTrainer:
             while self.global_step < self.total_steps:
                 batch = self.train_loader.next_batch()
                 self.global_step += 1
+                started = time.time()
                 metrics = self.step(batch)
-                metrics.update(self.periodic(self.global_step == self.total_steps))
+                self.time_budget.record("step", time.time() - started)
+                last = self.global_step == self.total_steps or self.out_of_time()
+                metrics.update(self.periodic(last))
                 self.tracker.log(metrics, step=self.global_step)
                 bar.set_postfix(score=f"{metrics.get('critic/score/mean', float('nan')):.3f}")
                 bar.update(1)
+                if last:
+                    break
         return metrics
+
+    def out_of_time(self) -> bool:
+        """Whether ``trainer.max_time_s`` makes this step the last (said in the log when it does)."""
+        trainer_cfg, step = self.config.trainer, self.global_step
+        validates, saves = trainer_cfg.test_freq > 0, trainer_cfg.save_freq > 0
+        if not self.time_budget.last_step(validates and step % trainer_cfg.test_freq == 0,
+                                          saves and step % trainer_cfg.save_freq == 0, validates, saves):
+            return False
+        print(f"trainer.max_time_s: step {step} of {self.total_steps} is the last, validated and checkpointed "
+              f"({self.time_budget.explain()}); the next run resumes from it", flush=True)
+        return True
 
     def periodic(self, last: bool) -> dict[str, float]:
         """Validation every ``test_freq`` and a checkpoint every ``save_freq`` steps (and at the end),
@@ -183,9 +202,12 @@ class RayPPOTrainer:
             batch = stages.expand_groups(batch, self.config.actor_rollout_ref.rollout.val_kwargs.n)
             return self.generate(batch, self.val_params, on_turn)
 
-        return run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer, self.rollout.env,
-                              dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step,
-                              report=self.val_report)
+        started = time.time()
+        metrics = run_validation(self.val_batches(), generate, self.val_reward_fn, self.tokenizer, self.rollout.env,
+                                 dump_dir=self.config.trainer.validation_data_dir, global_step=self.global_step,
+                                 report=self.val_report)
+        self.time_budget.record("validation", time.time() - started)
+        return metrics
 
     # ------------------------------------------------------------------------------- checkpoints
     def save(self, best: float | None = None) -> None:
@@ -205,12 +227,14 @@ class RayPPOTrainer:
         root = trainer_cfg.default_local_dir
         previous = checkpointing.read_best(root)
         keep = [self.global_step] if best is not None else [previous["step"]] if previous else []
+        started = time.time()
         try:
             checkpointing.save_checkpoint(root, self.global_step, state, save_workers,
                                           max_to_keep=trainer_cfg.max_actor_ckpt_to_keep, keep=keep)
         except BaseException:  # e.g. a Ctrl-C: the workers may still be writing; shutdown() discards it
             self.unfinished_save = self.global_step
             raise
+        self.time_budget.record("save", time.time() - started)
         if best is not None:
             checkpointing.write_best(root, self.global_step, trainer_cfg.keep_best, best)
 
