@@ -75,7 +75,7 @@ def critic_config(model_path: str, **overrides) -> dict:
     cfg = dict(ppo_mini_batch_size=6, ppo_micro_batch_size_per_gpu=3,
                forward_micro_batch_size_per_gpu=4, use_dynamic_bsz=False, ppo_max_token_len_per_gpu=64,
                ppo_epochs=1, shuffle=False, grad_clip=1.0, cliprange_value=0.5, loss_agg_mode="token-mean",
-               optim=dict(lr=1e-3, weight_decay=0.0, warmup_style="constant"),
+               use_torch_compile=True, optim=dict(lr=1e-3, weight_decay=0.0, warmup_style="constant"),
                model={"path": model_path, "tokenizer_path": model_path, "external_lib": None,
                       "max_packed_row_len": 0, "attn_implementation": None, "use_remove_padding": True,
                       "enable_gradient_checkpointing": True,

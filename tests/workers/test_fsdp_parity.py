@@ -50,7 +50,7 @@ def _config(role: str, model_path: str, micro_rows: int):
     from verl.workers.critic.config import CriticConfig
 
     common = dict(ppo_mini_batch_size=NUM_ROWS, ppo_micro_batch_size_per_gpu=micro_rows, use_dynamic_bsz=False,
-                  ppo_epochs=1, shuffle=False, grad_clip=1.0, loss_agg_mode="token-mean")
+                  ppo_epochs=1, shuffle=False, grad_clip=1.0, loss_agg_mode="token-mean", use_torch_compile=True)
     if role == "critic":
         model = {"path": model_path, "tokenizer_path": model_path, "external_lib": None, "max_packed_row_len": 0,
                  "attn_implementation": None, "use_remove_padding": True}  # standalone: no actor to default to

@@ -388,6 +388,8 @@ class CriticWorker(_FSDPModelWorker):
         model_cfg = self.config.model
         self.tokenizer = _load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
         model = fsdp_utils.load_value_model(model_cfg, torch_dtype=torch.float32)
+        if torch.cuda.is_available() and self.config.use_torch_compile:  # as the actor's layers (CPU: eager)
+            fsdp_utils.compile_decoder_layers(model)
         self.critic_module, self.critic_optimizer, self.lr_scheduler = self._build_trainable(
             model, model_cfg.fsdp_config, self.config.optim)
         layout = ForwardLayout(use_remove_padding=model_cfg.use_remove_padding,

@@ -61,6 +61,9 @@ class CriticConfig:
     """token budget per forward micro-batch"""
     ppo_epochs: int = II("actor_rollout_ref.actor.ppo_epochs")
     """passes per batch"""
+    use_torch_compile: bool = II("actor_rollout_ref.actor.use_torch_compile")
+    """on a GPU, `torch.compile` each decoder layer of the value model, as the actor's (the first step
+    pays the compilation); ignored on CPU"""
     shuffle: bool = II("actor_rollout_ref.actor.shuffle")
     """shuffle rows between mini-batches"""
     grad_clip: Optional[float] = 1.0
