@@ -300,7 +300,7 @@ def one_call(args) -> bool:
     run = Run(work_dir, args.label)
     run.root.mkdir(parents=True, exist_ok=True)
     data = prepare_data(args, work_dir)
-    warm_start = args.model or __import__("warm_start").ensure_warm_start()
+    warm_start = args.model or __import__("warm_start").ensure_warm_start(multi_hop_searches=args.warm_start_searches)
     before, log = run.latest_step(), []
     with start_retriever(args, data, work_dir) as server:
         url = server.retrieve_url
@@ -478,6 +478,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results"), help="where learning_<algo>.json goes")
     parser.add_argument("--data", default=str(ROOT / "data" / "learning"), help="a benchmarks/learning_data.py output")
     parser.add_argument("--model", default=None, help="initial policy (default: the SFT warm start)")
+    parser.add_argument("--warm_start_searches", type=int, choices=(1, 2), default=1,
+                        help="2: the warm start whose multi-hop demonstrations search twice (scripts/warm_start.py "
+                             "--multi_hop_searches 2); the run is named <algo>+2hop")
     parser.add_argument("--retriever", choices=("bm25", "dense"), default="bm25",
                         help="bm25 (no encoder wheel to carry) or dense: MiniLM Flat, a slightly higher ceiling "
                              "(benchmarks/results/learning_ceiling.json)")
@@ -492,7 +495,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.eval_steps = sorted({int(s) for s in args.eval_steps.split(",") if s.strip()})
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    args.label = "+".join([args.algo, *args.recipes])
+    args.label = "+".join([args.algo, *args.recipes, *(["2hop"] if args.warm_start_searches == 2 else [])])
     bad = [s for s in args.eval_steps if s and s % args.save_freq]
     if bad:
         parser.error(f"--eval_steps {bad} are not multiples of --save_freq {args.save_freq} (no checkpoint there)")

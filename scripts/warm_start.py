@@ -9,8 +9,14 @@ group has zero reward spread. A short SFT on search-then-answer demonstrations
     python scripts/warm_start.py --evaluate 24   # + greedy answer-tag rate and EM on test questions
     python scripts/warm_start.py --evaluate 24 --eval_base   # ... and the base model too
     python scripts/warm_start.py --output DIR    # also link DIR/huggingface -> the cached folder
+    python scripts/warm_start.py --multi_hop_searches 2   # the variant whose multi-hop demos search twice
 
-From Python (the quickstart): ``from warm_start import ensure_warm_start; path = ensure_warm_start()``.
+``--multi_hop_searches 2`` builds a separately cached variant (``<name>-2hop``) from a 50/50 mix of
+two-search multi-hop and one-search single-hop demonstrations (``make_sft_data.py``'s docstring): after
+RL from the default warm start the model searches exactly once per question on every source.
+
+From Python (the quickstart): ``from warm_start import ensure_warm_start; path = ensure_warm_start()``
+(``ensure_warm_start(multi_hop_searches=2)`` for the variant).
 """
 
 from __future__ import annotations
@@ -49,19 +55,28 @@ SFT_OVERRIDES = [
 ]
 
 
-def warm_start_dir() -> Path:
+def warm_start_name(multi_hop_searches: int = 1) -> str:
+    """The cache name of the recipe: ``WARM_START_NAME``, with ``-2hop`` for two-search multi-hop demos."""
+    return WARM_START_NAME if multi_hop_searches == 1 else f"{WARM_START_NAME}-{multi_hop_searches}hop"
+
+
+def warm_start_dir(multi_hop_searches: int = 1) -> Path:
+    """The cached HF folder of the warm start (``multi_hop_searches``: see :func:`ensure_warm_start`)."""
     from verl.utils.model_zoo import cache_root
 
-    return cache_root() / "warm_start" / WARM_START_NAME
+    return cache_root() / "warm_start" / warm_start_name(multi_hop_searches)
 
 
-def ensure_warm_start(force: bool = False, num_demos: int = NUM_DEMOS) -> str:
+def ensure_warm_start(force: bool = False, num_demos: int = NUM_DEMOS, multi_hop_searches: int = 1) -> str:
     """Path of the warm-started HF folder, running data generation + SFT when it is not cached.
+
+    ``multi_hop_searches=2`` is the variant whose multi-hop demonstrations search twice (half of the
+    demos; the single-hop half searches once), cached under its own name.
 
     Raises:
         subprocess.CalledProcessError: the SFT run failed (its output is shown).
     """
-    target = warm_start_dir()
+    target = warm_start_dir(multi_hop_searches)
     if (target / "config.json").exists() and not force:
         print(f"warm start: cached at {target}")
         return str(target)
@@ -73,7 +88,8 @@ def ensure_warm_start(force: bool = False, num_demos: int = NUM_DEMOS) -> str:
     with tempfile.TemporaryDirectory(prefix="warm_start_") as work:
         data = make_sft_data(["--output_dir", f"{work}/data", "--num_demos", str(num_demos),
                               "--num_val", str(NUM_VAL), "--topk", str(DEMO_TOPK),
-                              "--tokenizer", base, "--max_obs_length", str(DEMO_MAX_OBS_LENGTH)])
+                              "--tokenizer", base, "--max_obs_length", str(DEMO_MAX_OBS_LENGTH),
+                              "--multi_hop_searches", str(multi_hop_searches)])
         started = time.perf_counter()
         command = [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.path={base}",
                    f"data.train_files={work}/data/train.jsonl", f"data.val_files={work}/data/val.jsonl",
@@ -115,12 +131,13 @@ def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None
 
     Returns:
         ``answer_closed`` (fraction of responses with a closed ``<answer>``), ``em`` (exact match),
-        ``searches_per_question``, ``response_tokens`` (mean), ``num_questions``.
+        ``searches_per_question`` (mean, and ``searches_by_kind`` for multi-hop and single-hop sources),
+        ``response_tokens`` (mean), ``num_questions``.
     """
     import numpy as np
     from transformers import AutoTokenizer
 
-    from make_sft_data import make_retriever
+    from make_sft_data import MULTI_HOP_SOURCES, make_retriever
     from search_r1.envs.search_r1 import search_rollout
     from search_r1.envs.search_r1.prompts import make_prefix
     from search_r1.envs.search_r1.reward import compute_score_em
@@ -146,8 +163,13 @@ def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None
     targets = [{"target": r["golden_answers"]} for r in rows]
     em = [compute_score_em(t, g) for t, g in zip(texts, targets)]
     closed = ["<answer>" in t and "</answer>" in t for t in texts]
+    searches = out.batch["valid_search"].float().numpy()
+    multi_hop = np.array([r["data_source"] in MULTI_HOP_SOURCES for r in rows])
+    kinds = {"multi_hop": multi_hop, "single_hop": ~multi_hop}
     return {"num_questions": len(rows), "answer_closed": float(np.mean(closed)), "em": float(np.mean(em)),
-            "searches_per_question": float(out.batch["valid_search"].float().mean()),
+            "searches_per_question": float(searches.mean()),
+            "searches_by_kind": {kind: {"questions": int(mask.sum()), "searches": float(searches[mask].mean())}
+                                 for kind, mask in kinds.items() if mask.any()},
             "response_tokens": float(out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum(-1).float().mean()),
             "examples": texts[:3]}
 
@@ -156,6 +178,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description="SFT warm start for SmolLM2 (cached)")
     parser.add_argument("--force", action="store_true", help="rebuild even when cached")
     parser.add_argument("--num_demos", type=int, default=NUM_DEMOS)
+    parser.add_argument("--multi_hop_searches", type=int, choices=(1, 2), default=1,
+                        help="2: the variant whose multi-hop demos search twice (cached as <name>-2hop)")
     parser.add_argument("--evaluate", type=int, default=0, metavar="N",
                         help="also evaluate the warm start greedily on N held-out questions")
     parser.add_argument("--eval_base", action="store_true", help="with --evaluate, also evaluate the base model")
@@ -165,7 +189,7 @@ def main(argv=None) -> None:
     parser.add_argument("--eval_out", default=None, help="write the evaluation JSON here")
     args = parser.parse_args(argv)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    path = ensure_warm_start(force=args.force, num_demos=args.num_demos)
+    path = ensure_warm_start(force=args.force, num_demos=args.num_demos, multi_hop_searches=args.multi_hop_searches)
     if args.output:
         link = Path(args.output) / "huggingface"
         link.parent.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,8 @@ case "${STAGE:-poll}" in
     install_wheels || exit 1
     unpack_compile_cache
     started=$(date +%s)
-    timeout -k 10 "${TIMEOUT_S:-400}" python3 scripts/warm_start.py || exit 1
+    # WARM_START_ARGS="--multi_hop_searches 2" with ARGS="... --warm_start_searches 2"
+    timeout -k 10 "${TIMEOUT_S:-400}" python3 scripts/warm_start.py ${WARM_START_ARGS:-} || exit 1
     echo "warm start: $(( $(date +%s) - started )) s"
     # the run outlives this call: setsid keeps it out of the call's process group
     setsid nohup python3 benchmarks/learning_run.py --work_dir "$work" --out_dir "$work/results" \

@@ -47,6 +47,7 @@ def test_extra_recipes_search_r1pp_and_llds_pass_the_start_up_check(tmp_path):
 
     args = learning_run.parse_args(["--algo", "grpo", "--recipes", "search_r1pp", "--work_dir", str(tmp_path)])
     assert args.label == "grpo+search_r1pp"
+    assert learning_run.parse_args(["--algo", "gae", "--warm_start_searches", "2"]).label == "gae+2hop"
     grpo = ["algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false", "actor_rollout_ref.actor.use_kl_loss=true"]
     cfg = parse_config([*grpo, "trainer.n_gpus_per_node=1",
                         *learning_run.train_overrides(args, learning_run.Run(tmp_path, args.label))])
