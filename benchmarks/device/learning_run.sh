@@ -16,9 +16,14 @@ set -uo pipefail
 work=/tmp/learning
 source benchmarks/device/common.sh
 mkdir -p "$work/results"
-report() {
-  cp "$work"/results/learning_*.json "$work"/results/learning_*.png "$out/" 2>/dev/null
-  for f in "$work"/*/logs/metrics.jsonl; do [ -f "$f" ] && gzip -c "$f" > "$out/metrics_$(basename "$(dirname "$(dirname "$f")")").jsonl.gz"; done
+report() {  # files come back only when named in letters, digits, '.', '_' and '-': a run's '+' becomes '_'
+  local f name
+  for f in "$work"/results/learning_*.json "$work"/results/learning_*.png; do
+    [ -f "$f" ] && name=$(basename "$f") && cp "$f" "$out/${name//+/_}"
+  done
+  for f in "$work"/*/logs/metrics.jsonl; do
+    [ -f "$f" ] && name=$(basename "$(dirname "$(dirname "$f")")") && gzip -c "$f" > "$out/metrics_${name//+/_}.jsonl.gz"
+  done
   [ -f "$work/run.log" ] && tail -c 2000000 "$work/run.log" > "$out/run.log.txt"
   grep -E "learning run:|evaluate step|^train |Traceback|Error" "$work/run.log" 2>/dev/null | tail -n 20
 }
