@@ -164,8 +164,8 @@ class RayPPOTrainer:
         if not self.time_budget.last_step(validates and step % trainer_cfg.test_freq == 0,
                                           saves and step % trainer_cfg.save_freq == 0, validates, saves):
             return False
-        print(f"trainer.max_time_s: step {step} of {self.total_steps} is the last, validated and checkpointed "
-              f"({self.time_budget.explain()}); the next run resumes from it", flush=True)
+        print(f"trainer.max_time_s: step {step} of {self.total_steps} is the last, with the end's validation and "
+              f"checkpoint ({self.time_budget.explain()})", flush=True)
         return True
 
     def periodic(self, last: bool) -> dict[str, float]:
