@@ -145,9 +145,8 @@ class RayPPOTrainer:
             while self.global_step < self.total_steps:
                 batch = self.train_loader.next_batch()
                 self.global_step += 1
-                started = time.time()
                 metrics = self.step(batch)
-                self.time_budget.record("step", time.time() - started)
+                self.time_budget.record("step", metrics["timing_s/step"])
                 last = self.global_step == self.total_steps or self.out_of_time()
                 metrics.update(self.periodic(last))
                 self.tracker.log(metrics, step=self.global_step)
@@ -160,9 +159,8 @@ class RayPPOTrainer:
     def out_of_time(self) -> bool:
         """Whether ``trainer.max_time_s`` makes this step the last (said in the log when it does)."""
         trainer_cfg, step = self.config.trainer, self.global_step
-        validates, saves = trainer_cfg.test_freq > 0, trainer_cfg.save_freq > 0
-        if not self.time_budget.last_step(validates and step % trainer_cfg.test_freq == 0,
-                                          saves and step % trainer_cfg.save_freq == 0, validates, saves):
+        if not self.time_budget.last_step(_due(trainer_cfg.test_freq, step), _due(trainer_cfg.save_freq, step),
+                                          trainer_cfg.test_freq > 0, trainer_cfg.save_freq > 0):
             return False
         print(f"trainer.max_time_s: step {step} of {self.total_steps} is the last, with the end's validation and "
               f"checkpoint ({self.time_budget.explain()})", flush=True)
@@ -172,10 +170,10 @@ class RayPPOTrainer:
         """Validation every ``test_freq`` and a checkpoint every ``save_freq`` steps (and at the end),
         and one at a validation that beats the best so far (``trainer.keep_best``)."""
         trainer_cfg, step, metrics = self.config.trainer, self.global_step, {}
-        if trainer_cfg.test_freq > 0 and (step % trainer_cfg.test_freq == 0 or last):
+        if _due(trainer_cfg.test_freq, step, last):
             metrics.update(self.validate())
         best = self.best_value(metrics)
-        if (trainer_cfg.save_freq > 0 and (step % trainer_cfg.save_freq == 0 or last)) or best is not None:
+        if _due(trainer_cfg.save_freq, step, last) or best is not None:
             self.save(best)
         return metrics
 
@@ -260,6 +258,11 @@ class RayPPOTrainer:
         self.workers.shutdown()
         if self.unfinished_save is not None:
             checkpointing.discard_partial(self.config.trainer.default_local_dir, self.unfinished_save)
+
+
+def _due(freq: int, step: int, last: bool = False) -> bool:
+    """Whether a ``*_freq`` setting (<= 0: off) falls on ``step``; an enabled one always falls on the last."""
+    return freq > 0 and (step % freq == 0 or last)
 
 
 def _prefix(prefix: str, info: dict) -> dict[str, float]:
