@@ -8,6 +8,8 @@
 #   STAGE=start ARGS="--algo grpo --steps 100 --eval_steps 0,50,100" bash benchmarks/device/learning_run.sh
 #                                                          # carrying .whl: install, warm start, the run detached
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/learning_run.sh   # repeat until it prints "learning run: done"
+#                                                          # (WAIT_S >= 20 s under the call's limit: a call cut at
+#                                                          # its limit brings nothing back)
 # /tmp/learning keeps data, index, warm start, checkpoints and results between calls; each poll's $OUT
 # gets the run's log, its training metrics and its JSON once written, and once, after the first training
 # step, the compile caches as compile_cache.tgz.part* (keep them in .cache/device-compile/ here and carry
@@ -23,6 +25,11 @@ report() {  # files come back only when named in letters, digits, '.', '_' and '
   done
   for f in "$work"/*/logs/metrics.jsonl; do
     [ -f "$f" ] && name=$(basename "$(dirname "$(dirname "$f")")") && gzip -c "$f" > "$out/metrics_${name//+/_}.jsonl.gz"
+  done
+  # the trainer's per-question validation dumps as they come: a hold that ends before the run writes
+  # its JSON still brings back every evaluation done so far (learning_run.py adopts them from val/)
+  for f in "$work"/*/val; do
+    [ -d "$f" ] && name=$(basename "$(dirname "$f")") && tar -cz -C "$(dirname "$f")" val > "$out/val_${name//+/_}.tgz"
   done
   [ -f "$work/run.log" ] && tail -c 2000000 "$work/run.log" > "$out/run.log.txt"
   grep -E "learning run:|evaluate step|^train |Traceback|Error" "$work/run.log" 2>/dev/null | tail -n 20
