@@ -9,6 +9,8 @@ across the device's 10-minute calls, with ``evaluate.sh`` on the fixed validatio
         --work_dir /tmp/learning --out_dir $OUT
     # side-by-side report of finished runs (Markdown for docs/benchmarks_learning.md)
     python benchmarks/learning_run.py --report benchmarks/results/learning_grpo.json benchmarks/results/learning_gae.json
+    # a hold that ended before the JSON: rebuild it from a device poll's files (the run's own arguments)
+    python benchmarks/learning_run.py --algo grpo --recipes search_r1pp --eval_in_trainer --returned /work/.device/14
 
 Every call does, within ``--budget_s`` seconds:
 
@@ -344,7 +346,8 @@ def one_call(args) -> bool:
 
 
 def collect(args, run: Run, warm_start: str, data: Path) -> dict:
-    """The run's JSON (see the module docstring)."""
+    """The run's JSON (see the module docstring); ``steps_seen`` is the last step with metrics (past
+    ``steps``, the last checkpoint, when a run was stopped between checkpoints)."""
     from verl.trainer.evaluation.report import compare
 
     rows = learning_check.read_metrics(run.logs / "metrics.jsonl") if (run.logs / "metrics.jsonl").exists() else []
@@ -352,13 +355,45 @@ def collect(args, run: Run, warm_start: str, data: Path) -> dict:
     comparisons = {f"{s}_vs_0": compare(evaluations["0"]["table"], e["table"]) for s, e in evaluations.items()
                    if s != "0" and "0" in evaluations}
     return {"algorithm": args.algo, "recipes": args.recipes, "label": args.label, "steps": run.latest_step(),
-            "target_steps": args.steps, "eval_steps": args.eval_steps,
+            "steps_seen": max((r["step"] for r in rows), default=0), "target_steps": args.steps, "eval_steps": args.eval_steps,
             "evaluations": evaluations, "comparisons": comparisons, "goal": goal(evaluations),
             "curves": [{"step": r["step"], **{k: r[k] for k in CURVES if k in r}} for r in rows],
             "step_time_s": step_times(rows), "profile": args.profile, "retriever": args.retriever, "reward": args.reward,
             "warm_start": warm_start, "data": json.loads((data / "selection.json").read_text())["counts"],
             "command": "python " + " ".join(sys.argv), "train_command": " ".join(["bash", SCRIPTS[args.algo], *train_overrides(args, run)]),
-            "calls": json.loads(run.calls.read_text()), **provenance()}
+            "calls": json.loads(run.calls.read_text()) if run.calls.exists() else [], **provenance()}
+
+
+def adopt_returned(args, returned: Path) -> dict:
+    """The run's JSON rebuilt from what a device poll brought back (``benchmarks/device/learning_run.sh``
+    sends ``metrics_<label>.jsonl.gz`` and ``val_<label>.tgz``, ``+`` written ``_``), for a hold that
+    ended before the run wrote its own: the evaluations of the trainer's per-question dumps, the curves
+    and step times of the metrics. Its ``status`` says so; ``steps`` is then the last step with metrics.
+
+    Raises:
+        FileNotFoundError: ``returned`` lacks the metrics file (the message names it).
+    """
+    import gzip
+    import tarfile
+    import tempfile
+
+    name = args.label.replace("+", "_")
+    metrics, dumps = returned / f"metrics_{name}.jsonl.gz", returned / f"val_{name}.tgz"
+    if not metrics.exists():
+        raise FileNotFoundError(f"--returned {returned}: no {metrics.name} (the run is named {args.label!r})")
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Run(Path(tmp), args.label)
+        run.logs.mkdir(parents=True)
+        (run.logs / "metrics.jsonl").write_bytes(gzip.decompress(metrics.read_bytes()))
+        if dumps.exists():
+            with tarfile.open(dumps) as tar:
+                tar.extractall(run.root, filter="data")
+        adopt_validations(args, run)
+        result = collect(args, run, "built on the device by scripts/warm_start.py", Path(args.data))
+    result["steps"] = result["steps_seen"]
+    result["status"] = (f"partial: rebuilt from {metrics.name}{' and ' + dumps.name if dumps.exists() else ''}; "
+                        f"the hold ended at step {result['steps_seen']} before the run wrote its JSON")
+    return result
 
 
 def evaluated_steps(run: Run) -> list[int]:
@@ -461,9 +496,38 @@ def report(paths: list[str]) -> str:
     return "\n".join(parts) + "\n\n" + "\n".join(lines)
 
 
+def side_by_side(paths: list[str]) -> dict:
+    """Runs' JSONs side by side (issue 29's ``recipes_learning.json``): per run and evaluation step the
+    EM by source, the seven-source average with its 95% interval, F1, cover-EM and searches per
+    question; then every run against the first at each step both evaluated (paired bootstrap over the
+    same questions: :func:`verl.trainer.evaluation.report.compare`)."""
+    from verl.trainer.evaluation.report import compare
+
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    labels = [r.get("label", r["algorithm"]) for r in runs]
+
+    def brief(table: dict) -> dict:
+        return {"em": {s: row["em"] for s, row in table["sources"].items()},
+                "searches": {s: row.get("searches") for s, row in table["sources"].items()},
+                **{k: table["average"].get(k) for k in ("em", "em_ci", "f1", "cover_em")}}
+
+    out = {"runs": {label: {"file": path, "steps": r["steps"], "status": r.get("status", "complete"),
+                            "commit": r["commit"], "date": r["date"], "step_time_s": r["step_time_s"].get("step"),
+                            "evaluations": {s: brief(e["table"]) for s, e in sorted(r["evaluations"].items(),
+                                                                                   key=lambda kv: int(kv[0]))}}
+                    for label, path, r in zip(labels, paths, runs)}, "against": labels[0], "comparisons": {}}
+    for label, run in zip(labels[1:], runs[1:]):
+        common = sorted(set(runs[0]["evaluations"]) & set(run["evaluations"]), key=int)
+        out["comparisons"][label] = {s: compare(runs[0]["evaluations"][s]["table"], run["evaluations"][s]["table"])["average"]
+                                     for s in common}
+    return out
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--report", nargs="+", metavar="RUN.json", help="print the Markdown report of finished runs")
+    parser.add_argument("--report_json", metavar="PATH", help="with --report: also write the runs side by side "
+                        "(each against the first) as JSON, e.g. benchmarks/results/recipes_learning.json")
     parser.add_argument("--algo", choices=sorted(SCRIPTS), default="grpo", help="grpo, or gae (PPO with a critic)")
     parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--eval_steps", default="0,50,100,150", help="comma-separated steps evaluated by evaluate.sh")
@@ -491,6 +555,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "on the algorithm's (e.g. search_r1pp, llds): training and evaluation both get them; the run "
                         "and its results are named <algo>+<recipe>...")
     parser.add_argument("--profile", choices=("gpu", "cpu"), default="gpu")
+    parser.add_argument("--returned", metavar="DIR", help="no run: rebuild learning_<label>.json in --out_dir from a "
+                        "device poll's files in DIR (metrics_*.jsonl.gz, val_*.tgz), the same --algo/--recipes given")
     parser.add_argument("extra", nargs="*", help="key=value overrides for training and evaluation")
     args = parser.parse_args(argv)
     args.eval_steps = sorted({int(s) for s in args.eval_steps.split(",") if s.strip()})
@@ -506,6 +572,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.report:
         print(report(args.report))
+        if args.report_json:
+            Path(args.report_json).write_text(json.dumps(side_by_side(args.report), indent=1) + "\n")
+        return 0
+    if args.returned:
+        write_result(adopt_returned(args, Path(args.returned)), Path(args.out_dir), args.label)
         return 0
     return 0 if one_call(args) else 3
 

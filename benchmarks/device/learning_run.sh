@@ -8,6 +8,8 @@
 #   STAGE=start ARGS="--algo grpo --steps 100 --eval_steps 0,50,100" bash benchmarks/device/learning_run.sh
 #                                                          # carrying .whl: install, warm start, the run detached
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/learning_run.sh   # repeat until it prints "learning run: done"
+#                                                          # (BUDGET_S: the device budget left after the start
+#                                                          # call less ~250 s, so the last poll still sees the end)
 #                                                          # (WAIT_S >= 20 s under the call's limit: a call cut at
 #                                                          # its limit brings nothing back)
 # /tmp/learning keeps data, index, warm start, checkpoints and results between calls; each poll's $OUT

@@ -186,3 +186,20 @@ def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, capfd):
     result = json.loads((tmp_path / "out" / "learning_gae.json").read_text())
     assert result["steps"] == 2 and sorted(result["evaluations"], key=int) == ["0", "1", "2"]
     assert result["evaluations"]["2"]["table"]["pooled"]["count"] == 7 and "2_vs_0" in result["comparisons"]
+    # what a device poll sends back (benchmarks/device/learning_run.sh) rebuilds the same tables
+    import gzip
+    import tarfile
+
+    returned = tmp_path / "returned"
+    returned.mkdir()
+    (returned / "metrics_gae.jsonl.gz").write_bytes(gzip.compress((run.logs / "metrics.jsonl").read_bytes()))
+    with tarfile.open(returned / "val_gae.tgz", "w:gz") as tar:
+        tar.add(run.validations, arcname="val")
+    assert learning_run.main([*argv, "--out_dir", str(tmp_path / "rebuilt"), "--returned", str(returned)]) == 0
+    rebuilt = json.loads((tmp_path / "rebuilt" / "learning_gae.json").read_text())
+    assert rebuilt["status"].startswith("partial: rebuilt from metrics_gae.jsonl.gz and val_gae.tgz")
+    assert rebuilt["steps"] == rebuilt["steps_seen"] == 2
+    assert {s: e["table"] for s, e in rebuilt["evaluations"].items()} == \
+        {s: e["table"] for s, e in result["evaluations"].items()}
+    with pytest.raises(FileNotFoundError, match="no metrics_grpo.jsonl.gz"):
+        learning_run.main(["--algo", "grpo", "--returned", str(returned)])
