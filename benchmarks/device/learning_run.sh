@@ -5,11 +5,11 @@
 # Then device calls, back to back (the machine goes back after 30 s idle):
 #   STAGE=copy bash benchmarks/device/learning_run.sh     # carrying .whl-big parts (<= 64 MiB a call) / data/learning
 #                                                          # / .cache/device-compile (an earlier run's compile cache)
-#   STAGE=start ARGS="--algo grpo --steps 100 --eval_steps 0,50,100" bash benchmarks/device/learning_run.sh
-#                                                          # carrying .whl: install, warm start, the run detached
+#   STAGE=start DEVICE_LEFT_S=<status's budget_left_s> ARGS="--algo grpo --steps 100 --eval_steps 0,50,100" \
+#     bash benchmarks/device/learning_run.sh              # carrying .whl: install, warm start, the run detached;
+#                                                          # the run's budget: DEVICE_LEFT_S less this call's time
+#                                                          # less END_MARGIN_S (250: the last poll's overhead), or BUDGET_S
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/learning_run.sh   # repeat until it prints "learning run: done"
-#                                                          # (BUDGET_S: the device budget left after the start
-#                                                          # call less ~250 s, so the last poll still sees the end)
 #                                                          # (WAIT_S >= 20 s under the call's limit: a call cut at
 #                                                          # its limit brings nothing back)
 # /tmp/learning keeps data, index, warm start, checkpoints and results between calls; each poll's $OUT
@@ -39,15 +39,21 @@ report() {  # files come back only when named in letters, digits, '.', '_' and '
 case "${STAGE:-poll}" in
   copy) copy_carried ;;
   start)
+    call_started=$(date +%s)
     install_wheels || exit 1
     unpack_compile_cache
     started=$(date +%s)
     # WARM_START_ARGS="--multi_hop_searches 2" with ARGS="... --warm_start_searches 2"
     timeout -k 10 "${TIMEOUT_S:-400}" python3 scripts/warm_start.py ${WARM_START_ARGS:-} || exit 1
     echo "warm start: $(( $(date +%s) - started )) s"
+    budget=${BUDGET_S:-1300}
+    if [ -n "${DEVICE_LEFT_S:-}" ]; then  # what the session's device budget leaves the run, its end seen by a poll
+      budget=$(( DEVICE_LEFT_S - ($(date +%s) - call_started) - ${END_MARGIN_S:-250} ))
+    fi
+    echo "run budget: $budget s"
     # the run outlives this call: setsid keeps it out of the call's process group
     setsid nohup python3 benchmarks/learning_run.py --work_dir "$work" --out_dir "$work/results" \
-      --budget_s "${BUDGET_S:-1300}" ${ARGS:-} > "$work/run.log" 2>&1 < /dev/null &
+      --budget_s "$budget" ${ARGS:-} > "$work/run.log" 2>&1 < /dev/null &
     echo "learning run started (pid $!)"
     ;;
   poll)
