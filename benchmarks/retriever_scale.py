@@ -22,6 +22,7 @@ in JSONL, a randomly initialised BERT of e5-base's shape as the query encoder. S
   by ``search_r1.search.ann`` (the index builder's code), FAISS GPU IVF and cuVS CAGRA when
   available, against exact Flat search: memory, build time, QPS at batch 1 and 512, recall@10.
 
+A host-speed probe (``host_probe_ms``: a fixed pure-Python loop, ms) is recorded before each stage.
 The report (JSON, rewritten after every stage so a timeout keeps finished stages) extrapolates to
 wiki-18's 21,015,324 passages and states the issue's goals (start-up < 3 min cold and < 30 s warm,
 host RSS < 1.5x the corpus text, >= 2,000 QPS at 256 callers) as pass/fail. All models are random
@@ -49,6 +50,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks import scale_data  # noqa: E402
 from benchmarks.common import run_metadata  # noqa: E402
+from benchmarks.gpu_generation import host_probe_ms  # noqa: E402
 
 WIKI18_PASSAGES = 21_015_324
 STAGES = ("gen", "start", "load", "ann")
@@ -482,6 +484,8 @@ def main(argv=None) -> None:
         if stage not in stages:
             continue
         print(f"== {stage} ({time.monotonic() - started:.0f} s into the run)", flush=True)
+        # the host's single-thread speed before each stage: the server's Python (HTTP, batching) follows it
+        report.setdefault("host_probe_ms", {})[stage] = round(host_probe_ms(), 1)
         t = time.perf_counter()
         if stage == "gen":
             report["gen"] = stage_gen(args, files, tokenizer)
