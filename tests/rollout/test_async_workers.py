@@ -1,7 +1,8 @@
-"""The async rollout across the controller/worker boundary: trajectory tasks run in the Ray workers.
+"""The rollout across the controller/worker boundary: the agent loop runs in the Ray workers.
 
 * two real Ray rollout ranks (transformers engine, SmolLM2) run their halves of a batch beside
-  their engines and give, row for row, the controller-side sync loop's greedy result;
+  their engines, in async and in sync mode, and give, row for row, the greedy result of the sync
+  loop beside an engine in this process; sync mode reports every turn's progress back;
 * one trainer step through the real entry point with ``rollout.mode=async`` and the vLLM CPU
   engine colocated in the actor worker (generation, update, weight push).
 """
@@ -54,26 +55,34 @@ def rollout_group(smollm2_path):
         ray.shutdown()
 
 
-def test_async_rollout_on_two_ray_ranks_equals_the_sync_loop(rollout_group, hf_engine, tokenizer, retriever):
+def test_rollout_on_two_ray_ranks_equals_the_sync_loop_in_both_modes(rollout_group, hf_engine, tokenizer, retriever):
     from verl.trainer.ppo.rollout_adapter import WorkerGroupEngine
 
     # 5 rows on 2 ranks: one padding row; a row without a forced prefix ends without searching
     prompts = [chat_prompt(tokenizer, q, PREFIX) for q in QUESTIONS] + [chat_prompt(tokenizer, "Say hi.")]
     params = SamplingParams(temperature=0, max_tokens=48)
-    outputs = {}
-    for mode, engine in (("sync", hf_engine), ("async", WorkerGroupEngine(rollout_group, world_size=2))):
-        config = dict(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200,
-                                  mode=mode)
+    workers = WorkerGroupEngine(rollout_group, world_size=2)
+    outputs, turns = {}, []
+    for name, mode, engine in (("here", "sync", hf_engine), ("async", "async", workers), ("sync", "sync", workers)):
+        config = dict(max_turns=2, max_prompt_length=900, max_response_length=400, max_obs_length=200, mode=mode)
         manager = search_loop(tokenizer, engine, retriever, **config)
-        outputs[mode] = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
-    sync, remote = outputs["sync"], outputs["async"]
-    assert len(remote) == len(prompts)
-    for key in ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "turns",
-                "valid_search", "valid_action", "finished", "truncated"):
-        assert torch.equal(remote.batch[key], sync.batch[key]), key
-    torch.testing.assert_close(remote.batch["rollout_log_probs"], sync.batch["rollout_log_probs"], atol=1e-4, rtol=0)
-    assert remote.non_tensor_batch["action_prefix"].tolist() == ["<search>"] * 4 + [""]
-    assert int(remote.batch["valid_search"][:4].min()) >= 1
+        outputs[name] = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params,
+                                    on_turn=turns.append if name == "sync" else None)
+    here = outputs["here"]
+    for name in ("async", "sync"):
+        remote = outputs[name]
+        assert len(remote) == len(prompts)
+        for key in ("prompts", "responses", "response_mask", "attention_mask", "position_ids", "turns",
+                    "valid_search", "valid_action", "finished", "truncated"):
+            assert torch.equal(remote.batch[key], here.batch[key]), (name, key)
+        torch.testing.assert_close(remote.batch["rollout_log_probs"], here.batch["rollout_log_probs"], atol=1e-4, rtol=0)
+        assert remote.non_tensor_batch["action_prefix"].tolist() == ["<search>"] * 4 + [""]
+        assert int(remote.batch["valid_search"][:4].min()) >= 1
+    # the workers' turns came back while they ran: 6 rows (5 + 1 padding) over 2 ranks, summed; the
+    # last report has every row of both ranks, none active
+    assert turns and all(t.max_turns == 3 for t in turns) and turns[-1].rows == 6 and turns[-1].active == 0
+    assert [t.turn for t in turns] == sorted(t.turn for t in turns) and turns[0].turn == 1
+    assert outputs["sync"].meta_info["timing"]["engine_calls"] >= 2
 
 
 def test_trainer_step_with_async_rollout_and_colocated_vllm(tiny_qwen_path, qa_parquet, retriever_url,  # noqa: F811

@@ -262,12 +262,12 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_trajectories(self, data: DataProto) -> DataProto:
-        """Run the multi-turn rollout of this rank's rows beside the engine (async rollout mode).
+        """Run the multi-turn rollout of this rank's rows beside the engine (either rollout mode).
 
         ``meta_info["agent_loop"]`` is a picklable callable ``(engine, tokenizer, data) -> DataProto``
-        (``verl.workers.rollout.agent_loop.async_loop.AgentLoop``) sent by the controller; it runs one task
-        per row against this worker's engine and returns the trajectories (prompts, responses,
-        masks, rollout log-probs, per-row stats).
+        (``verl.workers.rollout.agent_loop.remote.AgentLoop``) sent by the controller; it runs the
+        rows' multi-turn loop against this worker's engine and returns the trajectories (prompts,
+        responses, masks, rollout log-probs, per-row stats).
         """
         if self.rollout_engine is None:
             raise RuntimeError(f"generate_trajectories on a worker with role {self.role!r} (no rollout engine)")

@@ -1,14 +1,12 @@
-"""The rollout worker group seen as a ``RolloutEngine``, so the multi-turn loop runs on the controller.
+"""The rollout worker group seen as a ``RolloutEngine``.
 
-The agent loop (``MultiTurnRollout``) drives an engine with token ids, one turn at a time, and
-calls the environment's tools between turns. The engine itself lives inside the actor-rollout workers (colocated with
-the FSDP actor, sharing its weights); this adapter turns ``engine.generate(prompt_ids, params)``
-into one ``generate_sequences`` call on the worker group. Weight sync after an actor update happens
-inside the workers, so ``update_weights`` is a no-op here.
-
-In the async rollout mode the trajectory tasks must run where the engine is: ``run_agent_loop``
-sends the rows with the loop to run (``verl.workers.rollout.agent_loop.async_loop.AgentLoop``) and each
-worker runs it on its share of the rows beside its own engine (``generate_trajectories``).
+The engine lives inside the actor-rollout workers (colocated with the FSDP actor, sharing its
+weights), and so does the multi-turn loop that drives it: ``run_agent_loop`` sends the rows with
+the loop to run (:class:`~verl.workers.rollout.agent_loop.remote.AgentLoop`, either rollout mode)
+and each worker runs it on its share of the rows beside its own engine (``generate_trajectories``),
+reporting each turn's progress back when the caller asks for it. ``generate`` (one
+``generate_sequences`` call: single-turn generation) serves callers without a loop. Weight sync
+after an actor update happens inside the workers, so ``update_weights`` is a no-op here.
 """
 
 from __future__ import annotations
@@ -19,6 +17,7 @@ from typing import Iterable
 import numpy as np
 import torch
 
+from verl.single_controller.local import LocalWorkerGroup
 from verl.workers.rollout.base import RolloutEngine, RolloutOutput, SamplingParams
 
 
@@ -42,6 +41,7 @@ class WorkerGroupEngine(RolloutEngine):
     def __init__(self, worker_group, world_size: int = 1):
         self.worker_group = worker_group
         self.world_size = max(1, int(world_size))
+        self._queue = None  # the Ray progress queue, made at the first call that reports turns
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RolloutOutput]:
         """One output per prompt and sample, prompts in order, samples of a prompt adjacent."""
@@ -56,18 +56,40 @@ class WorkerGroupEngine(RolloutEngine):
                                    meta_info={"sampling_params": dataclasses.asdict(single)})
         return _to_outputs(self.worker_group.generate_sequences(data))  # the dispatcher pads to the ranks
 
-    def run_agent_loop(self, rows, agent_loop):
+    def run_agent_loop(self, rows, agent_loop, on_turn=None):
         """Run ``agent_loop(engine, tokenizer, rows_of_this_worker)`` on every worker; rows in order.
 
         Args:
             rows: a DataProto with ``raw_prompt_ids`` (and the columns the loop reads).
-            agent_loop: a picklable callable returning the rows' trajectories as a DataProto; its
-                search cap is split over the workers (``AgentLoop.for_workers``).
+            agent_loop: an :class:`~verl.workers.rollout.agent_loop.remote.AgentLoop` (picklable);
+                its search cap is split over the workers (``AgentLoop.for_workers``).
+            on_turn: called with the batch's ``TurnProgress`` after every worker's sync turn
+                (every worker's latest summed), or None.
         Returns:
             The workers' DataProtos concatenated in row order (the padding rows removed).
         """
-        rows.meta_info["agent_loop"] = agent_loop.for_workers(self.world_size)
-        return self.worker_group.generate_trajectories(rows)  # the dispatcher pads to the ranks
+        from verl.workers.rollout.agent_loop import remote
+
+        agent_loop = agent_loop.for_workers(self.world_size)
+        call = lambda: self.worker_group.generate_trajectories(rows)  # noqa: E731  (the dispatcher pads to the ranks)
+        if on_turn is None:
+            rows.meta_info["agent_loop"] = agent_loop
+            return call()
+        aggregator = remote.TurnAggregator(on_turn)
+        if isinstance(self.worker_group, LocalWorkerGroup):  # the workers run in this thread
+            rows.meta_info["agent_loop"] = dataclasses.replace(agent_loop, progress=remote.DirectSink(aggregator))
+            return call()
+        queue = self._progress_queue()
+        rows.meta_info["agent_loop"] = dataclasses.replace(agent_loop, progress=queue)
+        return remote.drain_while(call, queue, aggregator)
+
+    def _progress_queue(self):
+        """A Ray queue for the workers' turn progress, made once (an actor reserving no CPU)."""
+        if self._queue is None:
+            from ray.util.queue import Queue
+
+            self._queue = Queue(actor_options={"num_cpus": 0})
+        return self._queue
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """No-op: the workers push weights into their engine after each actor update."""

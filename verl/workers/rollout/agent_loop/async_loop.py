@@ -15,22 +15,20 @@ Sampling seeds do not depend on timing: row ``i`` gets ``seeds_per_row`` consecu
 ``first_seed[i]`` (one per turn), so a request's seed is fixed by its row and turn, not by the
 order in which requests reach the engine.
 
-:class:`AgentLoop` is the same rollout packed for the trainer's rollout workers: the controller
-sends it with the rows, each worker runs it beside its own engine (``generate_trajectories``).
+When the engine lives in the trainer's rollout workers, this runs there, beside it
+(:mod:`~verl.workers.rollout.agent_loop.remote`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import math
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from verl.envs.base import Action, Environment, Observation
-from verl.workers.rollout.agent_loop.rules import LoopConfig, TurnRules
+from verl.workers.rollout.agent_loop.rules import TurnRules
 from verl.workers.rollout.agent_loop.trajectory import Trajectory
 from verl.workers.rollout.async_engine import AsyncEngine, BusyMeter
 from verl.workers.rollout.base import SamplingParams
@@ -147,39 +145,3 @@ class ToolLoop:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join()
             self._loop.close()
-
-
-@dataclass
-class AgentLoop:
-    """The async rollout of a batch's rows, sent to the rollout workers with those rows.
-
-    The controller builds it (``MultiTurnRollout`` in async mode over the trainer's worker group);
-    each worker calls it with its own engine and tokenizer on its chunk of rows, so the trajectory
-    tasks run beside the engine they drive. The environment travels with it (a tool client holds
-    plain settings, no open connection).
-
-    Attributes:
-        config: the ``LoopConfig`` (mode ``async``).
-        env: the environment.
-        params: the turn's sampling parameters (stop strings already set).
-    """
-
-    config: LoopConfig
-    env: Environment
-    params: SamplingParams
-
-    def for_workers(self, num_workers: int) -> "AgentLoop":
-        """This loop with the tool-call cap split over ``num_workers`` (so the whole run keeps
-        ``Environment.max_concurrent_calls`` calls in flight at most, rounded up per worker)."""
-        cap = self.env.max_concurrent_calls
-        if not cap or num_workers <= 1:
-            return self
-        env = copy.copy(self.env)
-        env.max_concurrent_calls = max(1, math.ceil(cap / num_workers))
-        return replace(self, env=env)
-
-    def __call__(self, engine, tokenizer, data):
-        """Roll out ``data``'s rows (``raw_prompt_ids``, optional ``rollout_seed``) on ``engine``."""
-        from verl.workers.rollout.agent_loop.loop import MultiTurnRollout
-
-        return MultiTurnRollout(tokenizer, engine, self.env, self.config).run(data, self.params)

@@ -8,8 +8,10 @@ Two modes apply the same per-turn rules (:mod:`~verl.workers.rollout.agent_loop.
   the next turn waits for the slowest row.
 * ``async``: every row is its own task that generates, calls its tool and continues on its own
   (:mod:`~verl.workers.rollout.agent_loop.async_loop`), so a row waiting for its tool does not hold
-  up the others. When the engine lives in other processes (the trainer's worker group) the tasks run
-  there, beside it.
+  up the others.
+
+Either mode runs beside the engine: when the engine lives in other processes (the trainer's
+worker group), the whole loop goes there with the rows (:mod:`~verl.workers.rollout.agent_loop.remote`).
 """
 
 from __future__ import annotations
@@ -49,9 +51,9 @@ class MultiTurnRollout:
 
     Args:
         tokenizer: the policy's tokenizer.
-        engine: a ``RolloutEngine`` (``generate(prompt_ids, params)``); in ``async`` mode also an
-            engine with ``agenerate``, or one whose rows live in other processes
-            (``run_agent_loop``: the trainer's worker group).
+        engine: a ``RolloutEngine`` (``generate(prompt_ids, params)``; in ``async`` mode one with
+            ``agenerate``), or one that lives in other processes and runs the loop there
+            (``run_agent_loop``: the trainer's worker group), in either mode.
         env: the :class:`~verl.envs.base.Environment` (bound to ``tokenizer``).
         config: the :class:`~verl.workers.rollout.agent_loop.rules.LoopConfig`.
     """
@@ -73,7 +75,8 @@ class MultiTurnRollout:
             params: sampling parameters; ``n`` must be 1 (repeat the batch for several samples) and
                 ``stop`` is replaced by the environment's stop strings.
             on_turn: called after every turn of the sync mode with a :class:`TurnProgress` (progress
-                of a long rollout; the async mode has no common turns and does not call it).
+                of a long rollout; the async mode has no common turns and does not call it); with
+                the loop in the workers, with every worker's latest summed.
         Returns:
             DataProto with ``prompts (B, P)``, ``responses``/``response_mask``/``rollout_log_probs``
             ``(B, R=max_response_length)``, ``input_ids``/``attention_mask``/``position_ids``
@@ -90,8 +93,8 @@ class MultiTurnRollout:
         params = replace(params, stop=list(self.env.stop_strings), logprobs=True)
         prompts = self._prompts(batch)
         width = max([self._prompt_width(batch)] + [len(p) for p in prompts])
-        if self.config.mode == "async" and hasattr(self.engine, "run_agent_loop"):
-            return self._run_remote(batch, prompts, width, params)
+        if hasattr(self.engine, "run_agent_loop"):
+            return self._run_remote(batch, prompts, width, params, on_turn)
         start = time.perf_counter()
         rows = [Trajectory(prompt, open_tag=self.env.open_tag(prompt)) for prompt in prompts]
         if self.config.mode == "async":
@@ -167,17 +170,18 @@ class MultiTurnRollout:
         rollout = AsyncRollout(self.rules, async_engine(self.engine), self.env.max_concurrent_calls)
         return run_coroutine(rollout.run(rows, params, seeds), "async-rollout")
 
-    def _run_remote(self, batch: DataProto, prompts: list[list[int]], width: int,
-                    params: SamplingParams) -> DataProto:
-        """Async mode with the engine in other processes: the row tasks run there, beside it."""
-        from verl.workers.rollout.agent_loop.async_loop import AgentLoop
+    def _run_remote(self, batch: DataProto, prompts: list[list[int]], width: int, params: SamplingParams,
+                    on_turn: Callable[[TurnProgress], None] | None) -> DataProto:
+        """The engine in other processes: the loop runs there, beside it (either mode). Sync
+        requests keep the engine's own per-request seeds; async rows get theirs here."""
+        from verl.workers.rollout.agent_loop.remote import AgentLoop
 
         non_tensors = {"raw_prompt_ids": [list(p) for p in prompts]}
-        seeds = self._row_seeds(batch, params, len(prompts))
+        seeds = self._row_seeds(batch, params, len(prompts)) if self.config.mode == "async" else None
         if seeds is not None:
             non_tensors["rollout_seed"] = seeds
         remote = DataProto.from_dict(non_tensors=non_tensors, meta_info={"prompt_width": width})
-        output = self.engine.run_agent_loop(remote, AgentLoop(self.config, self.env, params))
+        output = self.engine.run_agent_loop(remote, AgentLoop(self.config, self.env, params), on_turn=on_turn)
         self.timing = dict(output.meta_info.get("timing", {}))
         return output
 
