@@ -86,11 +86,13 @@ def ensure_warm_start(force: bool = False, num_demos: int = NUM_DEMOS, multi_hop
 
     base = smollm2_dir()
     with tempfile.TemporaryDirectory(prefix="warm_start_") as work:
+        data_started = time.perf_counter()
         data = make_sft_data(["--output_dir", f"{work}/data", "--num_demos", str(num_demos),
                               "--num_val", str(NUM_VAL), "--topk", str(DEMO_TOPK),
                               "--tokenizer", base, "--max_obs_length", str(DEMO_MAX_OBS_LENGTH),
                               "--multi_hop_searches", str(multi_hop_searches)])
         started = time.perf_counter()
+        data_seconds = round(started - data_started, 1)
         command = [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.path={base}",
                    f"data.train_files={work}/data/train.jsonl", f"data.val_files={work}/data/val.jsonl",
                    f"trainer.default_local_dir={work}/ckpt", *SFT_OVERRIDES]
@@ -105,11 +107,12 @@ def ensure_warm_start(force: bool = False, num_demos: int = NUM_DEMOS, multi_hop
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(exported, tmp)
         (tmp / "warm_start.json").write_text(json.dumps(
-            {"base": base, "sft_overrides": SFT_OVERRIDES, "data": data,
+            {"base": base, "sft_overrides": SFT_OVERRIDES, "data": data, "data_seconds": data_seconds,
              "sft_seconds": round(time.perf_counter() - started, 1)}, indent=1))
         shutil.rmtree(target, ignore_errors=True)
         tmp.rename(target)
-    print(f"warm start: saved to {target}")
+    print(f"warm start: saved to {target} (demonstrations {data_seconds:.0f} s, "
+          f"SFT process {time.perf_counter() - started:.0f} s)")
     return str(target)
 
 
