@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 27 (prepared, not yet run on the device): the wheels veRL 0.9.1 and TRL 1.16.0 need on the H200
+# beyond its image and ../shared/device/wheels.sh's set, each peer in a site of its own so that no peer
+# changes ours and ours changes no peer (veRL pins transformers <5.11 and tensordict <=0.10; the device
+# has transformers 5.17 and our site tensordict 0.15).
+#   here (repo root):  bash benchmarks/device/peer_wheels.sh          # fills .whl-peers/ (~28 MB: one carry)
+#   device, carrying .whl-peers (after our own wheels are installed in /tmp/site):
+#     STAGE=install bash benchmarks/device/peer_wheels.sh   # /tmp/site-verl and /tmp/site-trl, then an import check
+#   a peer's runs: PYTHONPATH=/tmp/site-verl:/tmp/site (veRL: its transformers and tensordict first),
+#                  PYTHONPATH=/tmp/site-trl:/tmp/site (TRL with the device's transformers)
+set -euo pipefail
+shared=(datasets dill multiprocess xxhash fsspec pandas python-dateutil pytz tzdata)
+verl=(verl==0.9.1 transformers==5.9.0 tensordict==0.10.0 codetiming torchdata)
+trl=(trl==1.16.0)
+case "${STAGE:-download}" in
+  download)
+    root=$(git rev-parse --show-toplevel) && cd "$root"
+    grep -qxF '/.whl-peers/' .git/info/exclude 2>/dev/null || echo '/.whl-peers/' >> .git/info/exclude
+    rm -rf .whl-peers && mkdir -p .whl-peers/common .whl-peers/verl .whl-peers/trl
+    dl() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+             --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+             -d "$1" "${@:2}"; }
+    dl .whl-peers/verl "${verl[@]}"
+    # published as a source archive only: built here (pure Python), so the device needs no build tools
+    python3 -m pip wheel -q --no-deps -w .whl-peers/verl pylatexenc==2.11
+    dl .whl-peers/trl "${trl[@]}"
+    dl .whl-peers/common "${shared[@]}"  # both peers' (datasets and what it imports)
+    du -sh .whl-peers
+    ;;
+  install)
+    for peer in verl trl; do
+      python3 -m pip install -q --no-deps --no-index --target "/tmp/site-$peer" .whl-peers/$peer/* .whl-peers/common/*
+    done
+    PYTHONPATH=/tmp/site-verl:/tmp/site python3 -c \
+      "import importlib.metadata as m, verl.trainer.main_ppo; print('veRL', *(m.version(p) for p in ('verl', 'transformers', 'tensordict')))"
+    PYTHONPATH=/tmp/site-trl:/tmp/site python3 -c \
+      "import importlib.metadata as m; from trl import GRPOTrainer; print('TRL', *(m.version(p) for p in ('trl', 'transformers')))"
+    ;;
+esac
