@@ -78,11 +78,11 @@ def test_rollout_on_two_ray_ranks_equals_the_sync_loop_in_both_modes(rollout_gro
         torch.testing.assert_close(remote.batch["rollout_log_probs"], here.batch["rollout_log_probs"], atol=1e-4, rtol=0)
         assert remote.non_tensor_batch["action_prefix"].tolist() == ["<search>"] * 4 + [""]
         assert int(remote.batch["valid_search"][:4].min()) >= 1
-    # the workers' turns came back while they ran: 6 rows (5 + 1 padding) over 2 ranks, summed; the
-    # last report has every row of both ranks, none active
+    # the workers' turns came back: 6 rows (5 + 1 padding) over 2 ranks, summed; the last report has
+    # every row of both ranks, none active (that they arrive during the call: test_remote_progress.py)
     assert turns and all(t.max_turns == 3 for t in turns) and turns[-1].rows == 6 and turns[-1].active == 0
     assert [t.turn for t in turns] == sorted(t.turn for t in turns) and turns[0].turn == 1
-    assert outputs["sync"].meta_info["timing"]["engine_calls"] >= 2
+    assert {"generation_s", "tool_s", "engine_calls", "decode_steps"} <= set(outputs["sync"].meta_info["timing"])
 
 
 def test_trainer_step_with_async_rollout_and_colocated_vllm(tiny_qwen_path, qa_parquet, retriever_url,  # noqa: F811

@@ -30,7 +30,7 @@ def test_drain_while_feeds_items_during_and_after_the_call():
 
     def call():  # a worker's two turns: the first is seen before the call returns
         items.put(("w", TurnProgress(1, 2, 3, 2)))
-        assert fed_during.wait(5), "the first turn was not fed while the call ran"
+        assert fed_during.wait(120), "the first turn was not fed while the call ran"  # a hang guard, not a timing
         items.put(("w", TurnProgress(2, 2, 3, 0)))  # left for the final drain, or fed by the thread
         return "trajectories"
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import queue as queues
 import threading
 from dataclasses import dataclass, replace
 from typing import Any, Callable
@@ -101,15 +102,15 @@ class DirectSink:
 
 
 def drain_while(call: Callable[[], Any], queue, aggregator: TurnAggregator, poll_s: float = 0.2) -> Any:
-    """``call()`` on this thread while a second thread feeds ``queue``'s items (``get(timeout=)``,
-    raising on timeout, as ``ray.util.queue.Queue``) to ``aggregator``; items left when the call
+    """``call()`` on this thread while a second thread feeds ``queue``'s items (``get(timeout=)``
+    raising ``queue.Empty`` on timeout, as ``ray.util.queue.Queue`` does) to ``aggregator``; items left when the call
     returns are fed before this returns. Returns what ``call`` returned; its error propagates."""
     done = threading.Event()
 
     def feed(block: bool) -> bool:
         try:
             item = queue.get(timeout=poll_s) if block else queue.get_nowait()
-        except Exception:  # empty (ray.util.queue.Empty / queue.Empty)
+        except queues.Empty:  # ray.util.queue.Empty is one too
             return False
         aggregator(*item)
         return True
