@@ -35,13 +35,18 @@ class ObservationEncoder:
             raise ValueError(f"max_obs_length={max_obs_length} leaves no room inside the "
                              f"{len(self.head_ids) + len(self.tail_ids)}-token observation wrapper {head.strip()!r}")
 
-    def without_cache(self) -> "ObservationEncoder":
-        """A copy with an empty cache (what is sent to other processes)."""
-        copy = object.__new__(ObservationEncoder)
-        copy.__dict__.update(self.__dict__, _cache=OrderedDict())
-        return copy
+    def __getstate__(self) -> dict:
+        """Sent to other processes without the tokenizer (the receiver binds its own: :meth:`bind`)
+        and with an empty cache."""
+        return {**self.__dict__, "tokenizer": None, "_cache": OrderedDict()}
+
+    def bind(self, tokenizer) -> None:
+        """Encode with ``tokenizer`` (the receiver's copy of the one this encoder was built with)."""
+        self.tokenizer = tokenizer
 
     def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RuntimeError("this observation encoder was unpickled without its tokenizer: bind(tokenizer) first")
         return self.tokenizer.encode(text, add_special_tokens=False)
 
     def wrap(self, content: str) -> tuple[list[int], bool]:

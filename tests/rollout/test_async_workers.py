@@ -99,3 +99,7 @@ def test_trainer_step_with_async_rollout_and_colocated_vllm(tiny_qwen_path, qa_p
     for key in ("critic/score/mean", "actor/pg_loss", "env/number_of_actions/mean", "response_length/mean",
                 "timing_s/gen", "val/test_score/nq"):
         assert key in metrics[-1], key
+    # the loop ran in the worker (its environment sent without the tokenizer and bound there): its own
+    # time holds its engine calls, and gen holds it plus the sending of rows and trajectories
+    split = metrics[-1]
+    assert 0 < split["timing_s/gen_engine"] <= split["timing_s/gen_loop"] <= split["timing_s/gen"]

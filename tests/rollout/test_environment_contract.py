@@ -151,8 +151,15 @@ def test_environment_registry_and_pickling(env_name, tokenizer, retriever):
     assert load_environment(env_name) is type(env) and env.name == env_name
     docs = retriever.retrieve(["Berkshire"])[0]
     env.render(docs)
-    copy = pickle.loads(pickle.dumps(env))  # what the async loop sends to the rollout workers
-    assert not copy.observations._cache and copy.render(docs).ids == env.render(docs).ids
+    # what the agent loop sends to the rollout workers every step: no tokenizer (the worker binds
+    # its own), no observation cache
+    sent = pickle.dumps(env)
+    assert len(sent) < len(pickle.dumps(tokenizer)) / 10
+    copy = pickle.loads(sent)
+    assert copy.tokenizer is None and not copy.observations._cache
+    with pytest.raises(RuntimeError, match="unpickled without its tokenizer: bind"):
+        copy.render(docs)
+    assert copy.bind(tokenizer) is copy and copy.render(docs).ids == env.render(docs).ids
     assert copy.stop_strings == env.stop_strings and copy.max_concurrent_calls == env.max_concurrent_calls
 
 

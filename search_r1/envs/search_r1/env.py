@@ -143,10 +143,9 @@ class SearchR1Environment(SearchEnvironment):
         from search_r1.report import write_report
         return write_report
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["observations"] = self.observations.without_cache()
-        return state
+    def bind(self, tokenizer) -> "Environment":
+        self.observations.bind(tokenizer)
+        return super().bind(tokenizer)
 
 
 def search_rollout(tokenizer, engine, retriever, loop, max_obs_length: int):

@@ -163,7 +163,6 @@ class ToolCallEnvironment(SearchEnvironment):
     def chat_template_kwargs(self) -> dict:
         return {"tools": [prompts.SEARCH_TOOL]} if self.template_has_tools else {}
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        state["observations"] = self.observations.without_cache()
-        return state
+    def bind(self, tokenizer) -> "Environment":
+        self.observations.bind(tokenizer)
+        return super().bind(tokenizer)

@@ -77,6 +77,7 @@ class RayPPOTrainer:
             gen_split = batch.meta_info.get("timing", {})  # seconds inside gen, by what waited
             timings["tool"] = gen_split.get("tool_s", 0.0)
             timings["gen_engine"] = gen_split.get("generation_s", 0.0)
+            timings["gen_loop"] = gen_split.get("total_s", 0.0)  # gen less this: sending rows and trajectories
             for key in ("engine_calls", "decode_steps"):
                 if key in gen_split:
                     metrics[f"perf/rollout_{key}"] = float(gen_split[key])

@@ -67,7 +67,8 @@ class AgentLoop:
         if self.progress is not None:
             worker = os.getpid()
             on_turn = lambda turn: self.progress.put((worker, turn))  # noqa: E731
-        return MultiTurnRollout(tokenizer, engine, self.env, self.config).run(data, self.params, on_turn=on_turn)
+        env = self.env.bind(tokenizer)  # it travels without one
+        return MultiTurnRollout(tokenizer, engine, env, self.config).run(data, self.params, on_turn=on_turn)
 
 
 class TurnAggregator:
