@@ -499,8 +499,9 @@ def report(paths: list[str]) -> str:
 def side_by_side(paths: list[str]) -> dict:
     """Runs' JSONs side by side (issue 29's ``recipes_learning.json``): per run and evaluation step the
     EM by source, the seven-source average with its 95% interval, F1, cover-EM and searches per
-    question; then every run against the first at each step both evaluated (paired bootstrap over the
-    same questions: :func:`verl.trainer.evaluation.report.compare`)."""
+    question; then every run against the first at each step both evaluated and at each run's last
+    evaluation (``"final"``, with the two steps: runs cut by a time budget end a step or two apart),
+    each a paired bootstrap over the same questions (:func:`verl.trainer.evaluation.report.compare`)."""
     from verl.trainer.evaluation.report import compare
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
@@ -518,8 +519,12 @@ def side_by_side(paths: list[str]) -> dict:
                     for label, path, r in zip(labels, paths, runs)}, "against": labels[0], "comparisons": {}}
     for label, run in zip(labels[1:], runs[1:]):
         common = sorted(set(runs[0]["evaluations"]) & set(run["evaluations"]), key=int)
-        out["comparisons"][label] = {s: compare(runs[0]["evaluations"][s]["table"], run["evaluations"][s]["table"])["average"]
-                                     for s in common}
+        pairs = {s: (s, s) for s in common}
+        pairs["final"] = (max(runs[0]["evaluations"], key=int), max(run["evaluations"], key=int))
+        out["comparisons"][label] = {
+            key: {**compare(runs[0]["evaluations"][a]["table"], run["evaluations"][b]["table"])["average"],
+                  "steps": [int(a), int(b)]}
+            for key, (a, b) in pairs.items()}
     return out
 
 

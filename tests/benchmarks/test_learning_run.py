@@ -203,3 +203,21 @@ def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, capfd):
         {s: e["table"] for s, e in result["evaluations"].items()}
     with pytest.raises(FileNotFoundError, match="no metrics_grpo.jsonl.gz"):
         learning_run.main(["--algo", "grpo", "--returned", str(returned)])
+
+
+def test_side_by_side_pairs_common_steps_and_each_runs_last_evaluation():
+    """--report_json (issue 29's recipes_learning.json) on two committed device runs that ended a step
+    apart (GRPO at 100, GRPO + LLDS at 99 when its time ran out): steps both evaluated are paired as
+    they are, and ``final`` pairs each run's last evaluation, naming both steps."""
+    results = ROOT / "benchmarks" / "results"
+    paths = [str(results / "learning_grpo.json"), str(results / "learning_grpo+llds.json")]
+    out = learning_run.side_by_side(paths)
+    assert out["against"] == "grpo" and sorted(out["runs"]) == ["grpo", "grpo+llds"]
+    pairs = out["comparisons"]["grpo+llds"]
+    assert sorted(pairs) == ["0", "50", "final"] and pairs["final"]["steps"] == [100, 99]
+    first, second = (json.loads(Path(p).read_text())["evaluations"] for p in paths)
+    assert pairs["final"]["a"] == pytest.approx(first["100"]["table"]["average"]["em"])
+    assert pairs["final"]["b"] == pytest.approx(second["99"]["table"]["average"]["em"])
+    assert pairs["final"]["diff"] == pytest.approx(pairs["final"]["b"] - pairs["final"]["a"])
+    low, high = pairs["final"]["diff_ci"]
+    assert low <= pairs["final"]["diff"] <= high
