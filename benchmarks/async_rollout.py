@@ -30,8 +30,10 @@ drawn number of real tokens (log-normal, long-tailed, up to ``--max_tokens``), t
 
 Steps (``step`` section): ``--step_steps`` GRPO steps of the real trainer (``scripts/quickstart.py``
 on the example data, the ``--step_model``) in each mode behind the latency proxy; the step time is
-the mean ``timing_s/step`` after the first step. Top-level ratios (sync time / async time):
-``ratio_rollout_local`` and ``ratio_rollout_latency`` of the first model, ``ratio_step_latency``.
+the mean ``timing_s/step`` after the first step; a third run (``sync_staleness1``) rolls out each
+step's batch beside the previous step's update (``rollout.staleness=1``). Top-level ratios (sync
+time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the first model,
+``ratio_step_latency``; and ``ratio_step_staleness`` (sync step time at staleness 0 / at 1).
 """
 
 from __future__ import annotations
@@ -308,12 +310,21 @@ def _shutdown(engine) -> None:
 
 
 # ---- whole steps --------------------------------------------------------------------------------
-def step_overrides(model: str, mode: str, args, log_dir: Path, url: str) -> list[str]:
+STEP_VARIANTS = {"sync": ("sync", 0), "async": ("async", 0), "sync_staleness1": ("sync", 1)}
+"""whole-step runs: name -> (rollout.mode, rollout.staleness)"""
+
+
+def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> list[str]:
+    """The trainer's overrides of one ``STEP_VARIANTS`` run (staleness 1 with what it needs: the engine
+    resident and truncated importance sampling against the rollout's log-probs)."""
     from learning_check import grpo_overrides
 
+    mode, staleness = STEP_VARIANTS[variant]
     base = grpo_overrides(model, args.step_steps, -1, log_dir, 1e-6, args.step_batch_size, "vllm",
                           n=args.step_n, gpu=args.device == "cuda")
-    mine = [f"actor_rollout_ref.rollout.mode={mode}", f"retriever.url={url}", f"max_turns={args.max_turns}",
+    lagged = ["actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]
+    mine = [f"actor_rollout_ref.rollout.mode={mode}", f"actor_rollout_ref.rollout.staleness={staleness}",
+            *(lagged if staleness else []), f"retriever.url={url}", f"max_turns={args.max_turns}",
             f"data.max_response_length={args.max_tokens}", f"data.max_obs_length={args.max_obs_length}",
             f"data.max_prompt_length={args.max_prompt_length}", "trainer.val_before_train=false",
             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.resume_mode=disable",
@@ -325,19 +336,20 @@ def step_overrides(model: str, mode: str, args, log_dir: Path, url: str) -> list
 def step_section(args, proxy, work_dir: Path) -> dict:
     model = model_path(args.step_model, work_dir)
     out = {"model": args.step_model, "prompts": args.step_batch_size, "n": args.step_n, "steps": args.step_steps}
-    for mode in ("sync", "async"):
-        log_dir = work_dir / f"step_{mode}"
+    for variant in STEP_VARIANTS:
+        log_dir = work_dir / f"step_{variant}"
         cmd = [sys.executable, str(REPO / "scripts" / "quickstart.py"), "--data-dir", "data/async_rollout_bench",
                "--train-sources", "hotpotqa", "--test-sources", "hotpotqa", "--retriever-url", proxy.retrieve_url,
-               *step_overrides(model, mode, args, log_dir, proxy.retrieve_url)]
+               *step_overrides(model, variant, args, log_dir, proxy.retrieve_url)]
         print("+ " + shlex.join(cmd), flush=True)
         subprocess.run(cmd, cwd=REPO, check=True)
         rows = [json.loads(line) for line in open(log_dir / "metrics.jsonl") if line.strip()]
         later = rows[1:] or rows
-        out[mode] = {"step_s": round(sum(r["timing_s/step"] for r in later) / len(later), 2),
+        out[variant] = {"step_s": round(sum(r["timing_s/step"] for r in later) / len(later), 2),
                      "gen_s": round(sum(r["timing_s/gen"] for r in later) / len(later), 2),
                      "per_step": [{k: r[k] for k in ("step", "timing_s/step", "timing_s/gen") if k in r} for r in rows]}
     out["ratio_sync_over_async"] = round(out["sync"]["step_s"] / out["async"]["step_s"], 3)
+    out["ratio_staleness0_over_1"] = round(out["sync"]["step_s"] / out["sync_staleness1"]["step_s"], 3)
     return out
 
 
@@ -382,6 +394,8 @@ def summarize(report: dict) -> dict:
         head["ratio_rollout_model"] = entries[0]["model"]
     if "step" in report:
         head["ratio_step_latency"] = report["step"]["ratio_sync_over_async"]
+        if "ratio_staleness0_over_1" in report["step"]:
+            head["ratio_step_staleness"] = report["step"]["ratio_staleness0_over_1"]
     return {**head, **{k: v for k, v in report.items() if k not in head}}
 
 

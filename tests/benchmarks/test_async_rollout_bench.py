@@ -42,3 +42,24 @@ def test_async_rollout_benchmark_reports_both_modes(tmp_path):
     # one request per retrieved search (a search in the last turn ends its row without one)
     latency = entry["runs"]["latency"]["async"]
     assert 0 < latency["proxy_requests"] <= latency["searches"]
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_step_variants_pass_the_trainers_checks(device, tmp_path):
+    """The whole-step runs of the benchmark (sync, async, sync with ``rollout.staleness=1``) are
+    configurations the trainer accepts, staleness 1 with the engine resident and TIS on; the step
+    section's staleness ratio goes to the top of the JSON as ``ratio_step_staleness``."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import async_rollout
+
+    from verl.trainer.main_ppo import parse_config
+
+    args = async_rollout.parse_args(["--device", device, "--step_batch_size", "4", "--step_n", "2"])
+    for variant, (mode, staleness) in async_rollout.STEP_VARIANTS.items():
+        cfg = parse_config(async_rollout.step_overrides("/models/x", variant, args, tmp_path, "http://127.0.0.1:1"))
+        rollout = cfg.actor_rollout_ref.rollout
+        assert (rollout.mode, rollout.staleness) == (mode, staleness)
+        if staleness:
+            assert not rollout.free_cache_engine and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap > 0
+    report = {"rollout": [], "step": {"ratio_sync_over_async": 0.9, "ratio_staleness0_over_1": 1.4}}
+    assert list(async_rollout.summarize(report))[:2] == ["ratio_step_latency", "ratio_step_staleness"]

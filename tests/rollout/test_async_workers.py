@@ -103,3 +103,27 @@ def test_trainer_step_with_async_rollout_and_colocated_vllm(tiny_qwen_path, qa_p
     # time holds its engine calls, and gen holds it plus the sending of rows and trajectories
     split = metrics[-1]
     assert 0 < split["timing_s/gen_engine"] <= split["timing_s/gen_loop"] <= split["timing_s/gen"]
+
+
+def test_staleness_1_rolls_out_the_next_step_beside_the_update(tiny_qwen_path, qa_parquet, retriever_url,  # noqa: F811
+                                                               tmp_path):
+    """``rollout.staleness=1`` on two Ray worker threads and the vLLM CPU engine: from step 2 on each
+    batch was sampled one update earlier (the next step's rollout ran beside this step's update, whose
+    weight push waited for it), the TIS correction saw the lag, and the checkpoint of step 2 keeps the
+    data position before the prompts of the rollout then in flight (6 rows, batches of 3: epoch 0,
+    batch 2; drawing them made it epoch 1, batch 1)."""
+    from verl.trainer.ppo.checkpointing import load_trainer_state
+
+    out = tmp_path / "run"
+    overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + [
+        "actor_rollout_ref.rollout.name=vllm", "trainer.backend=ray", "trainer.total_training_steps=3",
+        "trainer.save_freq=2", "actor_rollout_ref.rollout.staleness=1",
+        "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]
+    result = run_main(overrides)
+    assert result.returncode == 0, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
+    metrics = read_metrics(out)
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["rollout/policy_lag"] for m in metrics] == [0.0, 1.0, 1.0]
+    for m in metrics:
+        assert m["timing_s/rollout_wait"] >= 0 and "actor/rollout_vs_actor_log_prob_diff" in m
+    assert load_trainer_state(out / "global_step_2")["data"] == {"epoch": 0, "position": 2}

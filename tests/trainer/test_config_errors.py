@@ -209,3 +209,17 @@ def test_search_r1_scripts_pass_the_start_up_check(script, tmp_path):
 def test_format_entry_runs_the_same_checks():
     result = _run_main("trainer.total_epoch=3", module="verl.trainer.main_ppo_format")
     assert result.returncode == 2 and "trainer.total_epoch: Key 'total_epoch' not in" in result.stderr
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actor_rollout_ref.rollout.staleness=2"], r"rollout.staleness=2: choose 0 \(on-policy\) or 1"),
+    (["actor_rollout_ref.rollout.staleness=1", "actor_rollout_ref.rollout.name=hf"],
+     r"staleness=1 needs actor_rollout_ref.rollout.name=vllm"),
+    (["actor_rollout_ref.rollout.staleness=1", "actor_rollout_ref.rollout.name=vllm",
+      "actor_rollout_ref.rollout.free_cache_engine=true"], r"set actor_rollout_ref.rollout.free_cache_engine=false"),
+    (["actor_rollout_ref.rollout.staleness=1", "actor_rollout_ref.rollout.name=vllm",
+      "actor_rollout_ref.rollout.free_cache_engine=false"], r"set actor_rollout_ref.actor.tis_imp_ratio_cap > 0"),
+])
+def test_staleness_needs_its_companions(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(overrides)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator
@@ -164,6 +165,10 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         self.old_log_prob_batching = batching.log_prob_batching("rollout", cfg.rollout, cfg.actor, world)
         self.ref_log_prob_batching = batching.log_prob_batching("ref", cfg.ref, cfg.actor, world)
         self.actor = self.ref_policy = self.rollout_engine = None
+        # one user of the engine at a time: with rollout.staleness=1 a rollout runs on a second
+        # thread of this process while the update runs, and the weight push waits for it
+        self._engine_lock = threading.Lock()
+        self.updates_pushed = 0  # actor updates whose weights this process pushed into its engine
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -252,7 +257,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if "sampling_params" not in data.meta_info:
             raise ValueError("generate_sequences needs meta_info['sampling_params'] (a SamplingParams dict)")
         prompts = [list(map(int, ids)) for ids in data.non_tensor_batch["raw_prompt_ids"]]
-        with self._phase("gen"):
+        with self._engine_lock, self._phase("gen"):
             outputs = self.rollout_engine.generate(prompts, SamplingParams(**data.meta_info["sampling_params"]))
         return DataProto.from_dict(non_tensors={
             "output_token_ids": [list(o.token_ids) for o in outputs],
@@ -260,20 +265,25 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             "finish_reason": [o.finish_reason for o in outputs],
             "stop_str": [o.stop_str for o in outputs]})
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def generate_trajectories(self, data: DataProto) -> DataProto:
         """Run the multi-turn rollout of this rank's rows beside the engine (either rollout mode).
 
         ``meta_info["agent_loop"]`` is a picklable callable ``(engine, tokenizer, data) -> DataProto``
         (``verl.workers.rollout.agent_loop.remote.AgentLoop``) sent by the controller; it runs the
         rows' multi-turn loop against this worker's engine and returns the trajectories (prompts,
-        responses, masks, rollout log-probs, per-row stats).
+        responses, masks, rollout log-probs, per-row stats) with ``meta_info["updates_pushed"]``:
+        the actor updates in the engine's weights when the rollout started. Non-blocking: the group
+        call returns a pending call (``.get()``), so a rollout can run beside the update.
         """
         if self.rollout_engine is None:
             raise RuntimeError(f"generate_trajectories on a worker with role {self.role!r} (no rollout engine)")
         agent_loop = data.meta_info["agent_loop"]
-        with self._phase("gen"):
-            return agent_loop(self.rollout_engine, self.tokenizer, data)
+        with self._engine_lock, self._phase("gen"):
+            updates = self.updates_pushed
+            output = agent_loop(self.rollout_engine, self.tokenizer, data)
+        output.meta_info["updates_pushed"] = updates
+        return output
 
     def _sync_rollout_weights(self) -> None:
         """Push the actor's current full weights into the colocated engine (collective)."""
@@ -334,11 +344,15 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         metrics["timing_s/release_memory"] = release_s
         if self.rollout_engine is not None:
             started = time.perf_counter()
-            with self._phase("weight_sync"):
-                if releases:
-                    self.rollout_engine.resume_memory()
-                self._sync_rollout_weights()
-            metrics["timing_s/weight_sync"] = time.perf_counter() - started
+            with self._engine_lock:  # a rollout running beside this update (rollout.staleness=1) ends first
+                waited = time.perf_counter() - started
+                with self._phase("weight_sync"):
+                    if releases:
+                        self.rollout_engine.resume_memory()
+                    self._sync_rollout_weights()
+                self.updates_pushed += 1
+            metrics["timing_s/rollout_wait"] = waited
+            metrics["timing_s/weight_sync"] = time.perf_counter() - started - waited
         metrics.update(self._phase_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
 

@@ -228,6 +228,31 @@ def check_trainer_watch(cfg: PPOConfig) -> None:
         raise ConfigError(str(error)) from None
 
 
+def check_staleness(cfg: PPOConfig) -> None:
+    """``rollout.staleness=1`` (a step's rollout overlapping the previous step's training) needs an
+    engine apart from the actor's parameters, resident through the update, and the importance
+    weights that correct the one-update lag (Yao et al. 2025's truncated IS; decoupled PPO).
+
+    Raises:
+        ConfigError: naming the setting that does not fit.
+    """
+    rollout, actor = cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.actor
+    key = "actor_rollout_ref.rollout.staleness"
+    if rollout.staleness not in (0, 1):
+        raise ConfigError(f"{key}={rollout.staleness}: choose 0 (on-policy) or 1 (the next rollout beside the update)")
+    if rollout.staleness == 0:
+        return
+    if rollout.name != "vllm":
+        raise ConfigError(f"{key}=1 needs actor_rollout_ref.rollout.name=vllm (the hf engine generates with the "
+                          f"actor's own parameters, which the update changes); got {rollout.name!r}")
+    if rollout.free_cache_engine:
+        raise ConfigError(f"{key}=1 keeps the engine generating through the update: set "
+                          f"actor_rollout_ref.rollout.free_cache_engine=false")
+    if actor.tis_imp_ratio_cap <= 0:
+        raise ConfigError(f"{key}=1 trains on a batch sampled one update earlier: set "
+                          f"actor_rollout_ref.actor.tis_imp_ratio_cap > 0 (e.g. 2.0) to correct it")
+
+
 def check_config(cfg: PPOConfig) -> None:
     """All start-up checks; raises ConfigError naming the offending key(s)."""
     check_choices(cfg)
@@ -235,3 +260,4 @@ def check_config(cfg: PPOConfig) -> None:
     check_algorithm(cfg)
     check_batch_sizes(cfg)
     check_trainer_watch(cfg)
+    check_staleness(cfg)

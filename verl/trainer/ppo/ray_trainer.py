@@ -1,7 +1,8 @@
 """The PPO/GRPO trainer loop on the single controller: the seven lines of the step in docs/architecture.md.
 
 Everything else lives in sibling modules: ``stages`` (grouping, rewards, advantages),
-``rollout_adapter`` (the worker group as an engine), ``metric_utils``, ``health`` (the per-step
+``rollout_adapter`` (the worker group as an engine), ``training_rollouts`` (each step's rollout, in
+step or one update ahead), ``metric_utils``, ``health`` (the per-step
 collapse signals and alarms), ``validation``, ``checkpointing``, ``data_loading``; building the
 pieces is ``trainer_setup``.
 """
@@ -15,9 +16,11 @@ from typing import Any, Callable
 import torch
 from tqdm import tqdm
 
+from verl.single_controller.base.worker_group import PendingCall
 from verl.trainer.ppo import checkpointing, metric_utils, resume_check, stages
 from verl.trainer.ppo.health import HealthMonitor
 from verl.trainer.ppo.time_budget import TimeBudget
+from verl.trainer.ppo.training_rollouts import TrainingRollouts
 from verl.trainer.ppo.validation import run_validation
 from verl.utils.config import ConfigError
 from verl.utils.timer import timer
@@ -50,7 +53,9 @@ class RayPPOTrainer:
         ``train_data``: what the run trains on (:func:`~verl.trainer.ppo.resume_check.train_data_record`),
         kept in each checkpoint."""
         self.config, self.plan, self.tokenizer, self.workers = config, plan, tokenizer, workers
-        self.train_loader, self.val_batches = train_loader, val_batches
+        self.val_batches = val_batches
+        self.train_rollouts = TrainingRollouts(train_loader, self.start_rollout,
+                                               config.actor_rollout_ref.rollout.staleness) if train_loader else None
         self.rollout, self.reward_fn, self.val_reward_fn = rollout, reward_fn, val_reward_fn
         self.kl_ctrl, self.tracker, self.num_params, self.val_report = kl_ctrl, tracker, num_params, val_report
         self.train_data = train_data
@@ -64,17 +69,19 @@ class RayPPOTrainer:
         self.health = HealthMonitor(config.trainer.health, rollout.env, tokenizer)
         self.time_budget = TimeBudget(config.trainer.max_time_s)
         self.global_step = 0
+        self.updates_done = 0  # actor updates this run made (since its start or resume)
         self.unfinished_save: int | None = None  # the step of a save that an exception cut short
 
     # ----------------------------------------------------------------------------------- the step
-    def step(self, batch) -> dict[str, float]:
-        """One PPO/GRPO iteration on a batch of prompts; returns its metrics."""
+    def step(self) -> dict[str, float]:
+        """One PPO/GRPO iteration on the next batch of prompts; returns its metrics."""
         cfg, w, timings, metrics = self.config, self.workers, {}, {}
         with timer("step", timings):
-            batch = stages.expand_groups(batch, self.plan.rollout_n)                                        # 1
-            with timer("gen", timings):
-                batch = self.generate(batch, self.train_params)                                # 2
-            gen_split = batch.meta_info.get("timing", {})  # seconds inside gen, by what waited
+            with timer("gen", timings):  # staleness 1: the wait for a rollout started a step ago
+                batch = self.train_rollouts.next(more=self.global_step < self.total_steps)     # 1, 2
+            if "updates_pushed" in batch.meta_info:  # updates between the sampling weights and these
+                metrics["rollout/policy_lag"] = float(self.updates_done - batch.meta_info["updates_pushed"])
+            gen_split = batch.meta_info.get("timing", {})  # seconds inside the rollout, by what waited
             timings["tool"] = gen_split.get("tool_s", 0.0)
             timings["gen_engine"] = gen_split.get("generation_s", 0.0)
             timings["gen_loop"] = gen_split.get("total_s", 0.0)  # gen less this: sending rows and trajectories
@@ -93,6 +100,7 @@ class RayPPOTrainer:
             if self.global_step > cfg.trainer.critic_warmup:
                 with timer("update_actor", timings):
                     metrics.update(self.update(w.actor_rollout, "update_actor", batch))
+                self.updates_done += 1
         metrics.update(self.step_metrics(batch, timings))                                      # 7
         metrics.update(self.health.observe(self.global_step, batch, metrics))
         return metrics
@@ -102,6 +110,13 @@ class RayPPOTrainer:
         """The environment's multi-turn rollout, driven from the controller; keeps the prompt rows'
         fields. ``on_turn``: the rollout's per-turn progress callback (sync mode)."""
         return stages.carry_row_fields(batch, self.rollout.run(batch, params, on_turn=on_turn))
+
+    def start_rollout(self, batch):
+        """Start the multi-turn rollout of a training batch's prompts (``n`` samples each) on the
+        workers; returns the pending call whose ``get()`` gives the rolled-out batch."""
+        batch = stages.expand_groups(batch, self.plan.rollout_n)
+        return PendingCall(self.rollout.start(batch, self.train_params).get,
+                           lambda output: stages.carry_row_fields(batch, output))
 
     def compute_log_probs_and_values(self, batch, timings: dict, metrics: dict) -> None:
         w = self.workers
@@ -144,9 +159,8 @@ class RayPPOTrainer:
             return metrics
         with tqdm(total=self.total_steps, initial=self.global_step, desc="training", dynamic_ncols=True) as bar:
             while self.global_step < self.total_steps:
-                batch = self.train_loader.next_batch()
                 self.global_step += 1
-                metrics = self.step(batch)
+                metrics = self.step()
                 self.time_budget.record("step", metrics["timing_s/step"])
                 last = self.global_step == self.total_steps or self.out_of_time()
                 metrics.update(self.periodic(last))
@@ -221,7 +235,7 @@ class RayPPOTrainer:
             if trainer_cfg.export_hf:
                 w.actor_rollout.export_hf(str(folder / "huggingface"))
 
-        state = {"data": self.train_loader.state_dict(), "kl_coef": float(self.kl_ctrl.value),
+        state = {"data": self.train_rollouts.state_dict(), "kl_coef": float(self.kl_ctrl.value),
                  resume_check.RECORD_KEY: self.train_data, "health": self.health.state_dict()}
         root = trainer_cfg.default_local_dir
         previous = checkpointing.read_best(root)
@@ -248,7 +262,7 @@ class RayPPOTrainer:
             self.workers.critic.load_checkpoint(str(path / "critic"))
         state = checkpointing.load_trainer_state(path)
         self.global_step = int(state["global_step"])
-        self.train_loader.load_state_dict(state["data"])
+        self.train_rollouts.load_state_dict(state["data"])
         self.kl_ctrl.value = state["kl_coef"]
         self.health.load_state_dict(state.get("health", {}))
         print(f"resumed from {path} at global step {self.global_step}", flush=True)

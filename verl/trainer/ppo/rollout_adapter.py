@@ -70,18 +70,22 @@ class WorkerGroupEngine(RolloutEngine):
         """
         from verl.workers.rollout.agent_loop import remote
 
-        agent_loop = agent_loop.for_workers(self.world_size)
-        call = lambda: self.worker_group.generate_trajectories(rows)  # noqa: E731  (the dispatcher pads to the ranks)
         if on_turn is None:
-            rows.meta_info["agent_loop"] = agent_loop
-            return call()
+            return self.start_agent_loop(rows, agent_loop).get()
         aggregator = remote.TurnAggregator(on_turn)
         if isinstance(self.worker_group, LocalWorkerGroup):  # the workers run in this thread
-            rows.meta_info["agent_loop"] = dataclasses.replace(agent_loop, progress=remote.DirectSink(aggregator))
-            return call()
+            local = dataclasses.replace(agent_loop, progress=remote.DirectSink(aggregator))
+            return self.start_agent_loop(rows, local).get()
         queue = self._progress_queue()
-        rows.meta_info["agent_loop"] = dataclasses.replace(agent_loop, progress=queue)
-        return remote.drain_while(call, queue, aggregator)
+        reporting = dataclasses.replace(agent_loop, progress=queue)
+        return remote.drain_while(lambda: self.start_agent_loop(rows, reporting).get(), queue, aggregator)
+
+    def start_agent_loop(self, rows, agent_loop):
+        """``run_agent_loop`` without waiting: returns the pending call, whose
+        ``get()`` gives the trajectories. On the Ray backend the workers run it while the controller
+        goes on (``rollout.staleness=1``: beside the update); the local backend runs it here first."""
+        rows.meta_info["agent_loop"] = agent_loop.for_workers(self.world_size)
+        return self.worker_group.generate_trajectories(rows)  # the dispatcher pads to the ranks
 
     def _progress_queue(self):
         """A Ray queue for the workers' turn progress, made once (an actor reserving no CPU)."""

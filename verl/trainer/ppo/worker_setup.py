@@ -25,8 +25,14 @@ def _role_specs(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = False) -> di
         return {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
                                                    role="rollout", run=run)}
     actor_role = "actor_rollout_ref" if plan.needs_reference else "actor_rollout"
-    roles = {"actor_rollout": ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref,
-                                                role=actor_role, run=run)}
+    actor = ClassWithInitArgs(ActorRolloutRefWorker, config=cfg.actor_rollout_ref, role=actor_role, run=run)
+    if cfg.actor_rollout_ref.rollout.staleness and cfg.trainer.backend == "ray":
+        from verl.single_controller.ray import RayClassWithInitArgs
+
+        # two calls at once in each rank's process: the next step's rollout beside this step's training
+        actor = RayClassWithInitArgs(actor.cls, *actor.args, **actor.kwargs)
+        actor.update_options({"max_concurrency": 2})
+    roles = {"actor_rollout": actor}
     if plan.needs_critic:
         roles["critic"] = ClassWithInitArgs(CriticWorker, config=cfg.critic, run=run)
     return roles

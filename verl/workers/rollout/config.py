@@ -84,6 +84,13 @@ class RolloutConfig:
     """multi-turn rollout: `sync` (Search-R1's loop: each turn generates for all active rows, then one
     batched search) or `async` (a task per trajectory: a row searches while others decode;
     docs/architecture.md, Rollout modes)"""
+    staleness: int = 0
+    """policy updates a training batch's sampling policy may lag the one it trains: `0` samples each
+    step's batch with the current weights; `1` rolls out step k+1's batch while step k trains (with the
+    weights before step k's update; the update's weight push waits for it), so on `trainer.backend=ray`
+    generation overlaps old/ref log-probs and the update. Needs vLLM, the engine resident
+    (`free_cache_engine=false`) and truncated importance sampling (`actor.tis_imp_ratio_cap` > 0),
+    which corrects the lag with the rollout's recorded log-probs"""
     log_prob_micro_batch_size: Optional[int] = 128
     """global rows per `old_log_probs` micro-batch (split over ranks)"""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None

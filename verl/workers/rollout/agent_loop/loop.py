@@ -88,13 +88,13 @@ class MultiTurnRollout:
         Raises:
             ValueError: ``n != 1``, or a prompt that is empty or longer than ``max_start_length``.
         """
-        if params.n != 1:
-            raise ValueError(f"the rollout samples once per row; got n={params.n}. Repeat the batch instead.")
-        params = replace(params, stop=list(self.env.stop_strings), logprobs=True)
+        if hasattr(self.engine, "run_agent_loop"):
+            output = self.engine.run_agent_loop(*self._remote_request(batch, params), on_turn=on_turn)
+            self.timing = dict(output.meta_info.get("timing", {}))
+            return output
+        params = self._turn_params(params)
         prompts = self._prompts(batch)
         width = max([self._prompt_width(batch)] + [len(p) for p in prompts])
-        if hasattr(self.engine, "run_agent_loop"):
-            return self._run_remote(batch, prompts, width, params, on_turn)
         start = time.perf_counter()
         rows = [Trajectory(prompt, open_tag=self.env.open_tag(prompt)) for prompt in prompts]
         if self.config.mode == "async":
@@ -170,22 +170,40 @@ class MultiTurnRollout:
         rollout = AsyncRollout(self.rules, async_engine(self.engine), self.env.max_concurrent_calls)
         return run_coroutine(rollout.run(rows, params, seeds), "async-rollout")
 
-    def _run_remote(self, batch: DataProto, prompts: list[list[int]], width: int, params: SamplingParams,
-                    on_turn: Callable[[TurnProgress], None] | None) -> DataProto:
-        """The engine in other processes: the loop runs there, beside it (either mode). Sync
-        requests keep the engine's own per-request seeds; async rows get theirs here."""
+    # ---- the engine in other processes: the loop runs there, beside it (either mode) -----------
+    def start(self, batch: DataProto, params: SamplingParams):
+        """:meth:`run` without waiting, on an engine in other processes (``start_agent_loop``: the
+        trainer's worker group): returns the pending call, whose ``get()`` gives ``run``'s output
+        (with ``meta_info["timing"]``, and ``["updates_pushed"]`` from the workers).
+
+        Raises:
+            TypeError: the engine runs in this process (use :meth:`run`).
+        """
+        if not hasattr(self.engine, "start_agent_loop"):
+            raise TypeError(f"{type(self.engine).__name__} runs in this process: call run(), not start()")
+        return self.engine.start_agent_loop(*self._remote_request(batch, params))
+
+    def _remote_request(self, batch: DataProto, params: SamplingParams):
+        """The rows and the :class:`~verl.workers.rollout.agent_loop.remote.AgentLoop` sent to the
+        workers. Sync requests keep the engine's own per-request seeds; async rows get theirs here."""
         from verl.workers.rollout.agent_loop.remote import AgentLoop
 
+        params = self._turn_params(params)
+        prompts = self._prompts(batch)
+        width = max([self._prompt_width(batch)] + [len(p) for p in prompts])
         non_tensors = {"raw_prompt_ids": [list(p) for p in prompts]}
         seeds = self._row_seeds(batch, params, len(prompts)) if self.config.mode == "async" else None
         if seeds is not None:
             non_tensors["rollout_seed"] = seeds
-        remote = DataProto.from_dict(non_tensors=non_tensors, meta_info={"prompt_width": width})
-        output = self.engine.run_agent_loop(remote, AgentLoop(self.config, self.env, params), on_turn=on_turn)
-        self.timing = dict(output.meta_info.get("timing", {}))
-        return output
+        rows = DataProto.from_dict(non_tensors=non_tensors, meta_info={"prompt_width": width})
+        return rows, AgentLoop(self.config, self.env, params)
 
     # ---- inputs -------------------------------------------------------------------------------
+    def _turn_params(self, params: SamplingParams) -> SamplingParams:
+        if params.n != 1:
+            raise ValueError(f"the rollout samples once per row; got n={params.n}. Repeat the batch instead.")
+        return replace(params, stop=list(self.env.stop_strings), logprobs=True)
+
     def _prompts(self, batch: DataProto) -> list[list[int]]:
         if "raw_prompt_ids" in batch.non_tensor_batch:
             prompts = [list(map(int, ids)) for ids in batch.non_tensor_batch["raw_prompt_ids"]]
