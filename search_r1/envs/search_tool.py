@@ -149,6 +149,10 @@ class SearchEnvironment(Environment):
                 return self.render(await search(action.content))
             yield call
 
+    def bind(self, tokenizer) -> "SearchEnvironment":
+        self.observations.bind(tokenizer)
+        return super().bind(tokenizer)
+
     def render(self, docs: list[dict]) -> Observation:
         """The observation of one search's passages (cut to the budget), with its counters."""
         ids, cut = self.observations.wrap(format_passages(docs).strip())

@@ -143,10 +143,6 @@ class SearchR1Environment(SearchEnvironment):
         from search_r1.report import write_report
         return write_report
 
-    def bind(self, tokenizer) -> "Environment":
-        self.observations.bind(tokenizer)
-        return super().bind(tokenizer)
-
 
 def search_rollout(tokenizer, engine, retriever, loop, max_obs_length: int):
     """The Search-R1 rollout outside the trainer (``infer.py``, the warm start's evaluation, benchmarks).

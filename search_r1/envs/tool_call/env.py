@@ -162,7 +162,3 @@ class ToolCallEnvironment(SearchEnvironment):
 
     def chat_template_kwargs(self) -> dict:
         return {"tools": [prompts.SEARCH_TOOL]} if self.template_has_tools else {}
-
-    def bind(self, tokenizer) -> "Environment":
-        self.observations.bind(tokenizer)
-        return super().bind(tokenizer)
