@@ -85,38 +85,22 @@ def test_rollout_on_two_ray_ranks_equals_the_sync_loop_in_both_modes(rollout_gro
     assert {"generation_s", "tool_s", "engine_calls", "decode_steps"} <= set(outputs["sync"].meta_info["timing"])
 
 
-def test_trainer_step_with_async_rollout_and_colocated_vllm(tiny_qwen_path, qa_parquet, retriever_url,  # noqa: F811
-                                                            tmp_path):
-    out = tmp_path / "run"
-    overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + [
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async", "trainer.backend=ray",
-        "trainer.total_training_steps=2", "trainer.save_freq=-1", "trainer.test_freq=2",
-        "retriever.max_concurrency=2"]
-    result = run_main(overrides)
-    assert result.returncode == 0, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
-    metrics = read_metrics(out)
-    assert [m["step"] for m in metrics] == [1, 2]
-    for key in ("critic/score/mean", "actor/pg_loss", "env/number_of_actions/mean", "response_length/mean",
-                "timing_s/gen", "val/test_score/nq"):
-        assert key in metrics[-1], key
-    # the loop ran in the worker (its environment sent without the tokenizer and bound there) and
-    # reported its own time beside its engine calls' (values are the benchmarks' business)
-    assert {"timing_s/gen_engine", "timing_s/gen_loop"} <= set(metrics[-1])
-
-
-def test_staleness_1_rolls_out_the_next_step_beside_the_update(tiny_qwen_path, qa_parquet, retriever_url,  # noqa: F811
-                                                               tmp_path):
-    """``rollout.staleness=1`` on two Ray worker threads and the vLLM CPU engine: from step 2 on each
-    batch was sampled one update earlier (the next step's rollout ran beside this step's update, whose
-    weight push waited for it), the TIS correction saw the lag, and the checkpoint of step 2 keeps the
-    data position before the prompts of the rollout then in flight (6 rows, batches of 3: epoch 0,
-    batch 2; drawing them made it epoch 1, batch 1)."""
+def test_async_rollout_with_staleness_1_trains_beside_the_next_rollout(tiny_qwen_path, qa_parquet,  # noqa: F811
+                                                                       retriever_url, tmp_path):  # noqa: F811
+    """``rollout.mode=async`` and ``rollout.staleness=1`` on two Ray worker threads and the vLLM CPU
+    engine: the agent loop runs in the rollout worker (its environment sent without the tokenizer and
+    bound there); from step 2 on each batch was sampled one update earlier (the next step's rollout ran
+    beside this step's update, whose weight push waited for it), the TIS correction saw the lag, the
+    validation of step 2 waited for the rollout in flight, and the checkpoint of step 2 keeps the data
+    position before the prompts of that rollout (6 rows, batches of 3: epoch 0, batch 2; drawing them
+    made it epoch 1, batch 1)."""
     from verl.trainer.ppo.checkpointing import load_trainer_state
 
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + [
-        "actor_rollout_ref.rollout.name=vllm", "trainer.backend=ray", "trainer.total_training_steps=3",
-        "trainer.save_freq=2", "actor_rollout_ref.rollout.staleness=1",
+        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async", "trainer.backend=ray",
+        "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2", "retriever.max_concurrency=2",
+        "actor_rollout_ref.rollout.staleness=1",
         "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]
     result = run_main(overrides)
     assert result.returncode == 0, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
@@ -124,5 +108,7 @@ def test_staleness_1_rolls_out_the_next_step_beside_the_update(tiny_qwen_path, q
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert [m["rollout/policy_lag"] for m in metrics] == [0.0, 1.0, 1.0]
     for m in metrics:
-        assert {"timing_s/rollout_wait", "actor/rollout_vs_actor_log_prob_diff"} <= set(m)
+        assert {"timing_s/rollout_wait", "actor/rollout_vs_actor_log_prob_diff", "timing_s/gen_engine",
+                "timing_s/gen_loop", "critic/score/mean", "env/number_of_actions/mean"} <= set(m)
+    assert "val/test_score/nq" in metrics[1]
     assert load_trainer_state(out / "global_step_2")["data"] == {"epoch": 0, "position": 2}
