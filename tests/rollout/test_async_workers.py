@@ -85,23 +85,23 @@ def test_rollout_on_two_ray_ranks_equals_the_sync_loop_in_both_modes(rollout_gro
     assert {"generation_s", "tool_s", "engine_calls", "decode_steps"} <= set(outputs["sync"].meta_info["timing"])
 
 
-def test_async_rollout_with_staleness_1_trains_beside_the_next_rollout(tiny_qwen_path, qa_parquet,  # noqa: F811
-                                                                       retriever_url, tmp_path):  # noqa: F811
-    """``rollout.mode=async`` and ``rollout.staleness=1`` on two Ray worker threads and the vLLM CPU
-    engine: the agent loop runs in the rollout worker (its environment sent without the tokenizer and
-    bound there); from step 2 on each batch was sampled one update earlier (the next step's rollout ran
-    beside this step's update, whose weight push waited for it), the TIS correction saw the lag, the
-    validation of step 2 waited for the rollout in flight, and the checkpoint of step 2 keeps the data
-    position before the prompts of that rollout (6 rows, batches of 3: epoch 0, batch 2; drawing them
-    made it epoch 1, batch 1)."""
+def test_staleness_1_trains_beside_the_next_rollout_served_from_a_child_process(tiny_qwen_path, qa_parquet,  # noqa: F811
+                                                                                retriever_url, tmp_path):  # noqa: F811
+    """The one_step_off_policy arrangement on two Ray worker threads and the vLLM CPU engine served
+    from a child process of the worker (``rollout.frontend_process``): from step 2 on each batch was
+    sampled one update earlier (the next step's rollout ran beside this step's update, whose weight
+    push through the engine process waited for it), the TIS correction saw the lag, the validation
+    of step 2 waited for the rollout in flight, and the checkpoint of step 2 keeps the data position
+    before the prompts of that rollout (6 rows, batches of 3: epoch 0, batch 2; drawing them made it
+    epoch 1, batch 1)."""
     from verl.trainer.ppo.checkpointing import load_trainer_state
 
     out = tmp_path / "run"
     overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + [
-        "actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async", "trainer.backend=ray",
-        "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2", "retriever.max_concurrency=2",
-        "actor_rollout_ref.rollout.staleness=1",
-        "actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]
+        "actor_rollout_ref.rollout.name=vllm", "+recipe=one_step_off_policy", "trainer.backend=ray",
+        "trainer.total_training_steps=3", "trainer.save_freq=2", "trainer.test_freq=2",
+        # the engine core inside the served process (tests/rollout/test_engines.py covers it in one more)
+        "actor_rollout_ref.rollout.engine_process=false"]
     result = run_main(overrides)
     assert result.returncode == 0, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
     metrics = read_metrics(out)

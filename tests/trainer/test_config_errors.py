@@ -223,3 +223,15 @@ def test_format_entry_runs_the_same_checks():
 def test_staleness_needs_its_companions(overrides, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(overrides)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actor_rollout_ref.rollout.name=hf"], r"frontend_process=true is for the vllm engine; got .*name='hf'"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"],
+     r"frontend_process=true serves the sync loop; set actor_rollout_ref.rollout.mode=sync"),
+    (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     r"frontend_process=true needs actor_rollout_ref.rollout.tensor_model_parallel_size=1, got 2"),
+])
+def test_frontend_process_needs_the_sync_vllm_loop(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(["actor_rollout_ref.rollout.frontend_process=true", *overrides])

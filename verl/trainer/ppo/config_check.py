@@ -253,6 +253,27 @@ def check_staleness(cfg: PPOConfig) -> None:
                           f"actor_rollout_ref.actor.tis_imp_ratio_cap > 0 (e.g. 2.0) to correct it")
 
 
+def check_frontend_process(cfg: PPOConfig) -> None:
+    """``rollout.frontend_process`` serves vLLM's sync generate calls from a child process: the async
+    loop drives the engine's front end directly, and tensor parallelism runs one engine per rank.
+
+    Raises:
+        ConfigError: naming the setting that does not fit.
+    """
+    rollout = cfg.actor_rollout_ref.rollout
+    if not rollout.frontend_process:
+        return
+    key = "actor_rollout_ref.rollout.frontend_process"
+    if rollout.name != "vllm":
+        raise ConfigError(f"{key}=true is for the vllm engine; got actor_rollout_ref.rollout.name={rollout.name!r}")
+    if rollout.mode != "sync":
+        raise ConfigError(f"{key}=true serves the sync loop; set actor_rollout_ref.rollout.mode=sync "
+                          f"(got {rollout.mode!r})")
+    if rollout.tensor_model_parallel_size != 1:
+        raise ConfigError(f"{key}=true needs actor_rollout_ref.rollout.tensor_model_parallel_size=1, "
+                          f"got {rollout.tensor_model_parallel_size}")
+
+
 def check_config(cfg: PPOConfig) -> None:
     """All start-up checks; raises ConfigError naming the offending key(s)."""
     check_choices(cfg)
@@ -261,3 +282,4 @@ def check_config(cfg: PPOConfig) -> None:
     check_batch_sizes(cfg)
     check_trainer_watch(cfg)
     check_staleness(cfg)
+    check_frontend_process(cfg)

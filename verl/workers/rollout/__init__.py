@@ -38,7 +38,7 @@ def build_rollout_engine(rollout_config: RolloutConfig | Mapping, model_path: st
 
     Args:
         rollout_config: a ``RolloutConfig`` or a mapping of its keys (``name``, ``dtype``,
-            ``tensor_model_parallel_size``, ``engine_process``, ``gpu_memory_utilization``, ``enforce_eager``,
+            ``tensor_model_parallel_size``, ``engine_process``, ``frontend_process``, ``gpu_memory_utilization``, ``enforce_eager``,
             ``kv_cache_space_gib``, ``max_num_batched_tokens``, ``max_num_seqs``, ``seed``).
         model_path: weights the engine starts from (vLLM always loads from here).
         tokenizer: the policy's tokenizer.
@@ -60,12 +60,16 @@ def build_rollout_engine(rollout_config: RolloutConfig | Mapping, model_path: st
         from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine
         scheduler = {"max_num_batched_tokens": config.max_num_batched_tokens, "max_num_seqs": config.max_num_seqs}
         extra = {**{k: v for k, v in scheduler.items() if v is not None}, **engine_options.pop("extra_engine_kwargs", {})}
-        return VLLMRolloutEngine(
-            model_path, dtype=config.dtype, max_model_len=length,
+        kwargs = dict(
+            model_path=model_path, dtype=config.dtype, max_model_len=length,
             tensor_parallel_size=config.tensor_model_parallel_size, engine_process=config.engine_process,
             gpu_memory_utilization=config.gpu_memory_utilization, enforce_eager=_enforce_eager(config.enforce_eager),
             kv_cache_space_gib=config.kv_cache_space_gib, seed=config.seed, extra_engine_kwargs=extra,
             **engine_options)
+        if config.frontend_process:
+            from verl.workers.rollout.engine_process import EngineProcess
+            return EngineProcess(**kwargs)
+        return VLLMRolloutEngine(**kwargs)
     if config.name == "hf":
         import torch
         from verl.workers.rollout.hf_rollout import HFRolloutEngine

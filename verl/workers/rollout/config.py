@@ -72,6 +72,13 @@ class RolloutConfig:
     """vLLM: the engine core (scheduler and model) in a process of its own, so its steps overlap the
     trainer-side output processing; weights still reach it in memory (CUDA IPC on a GPU). `false`:
     everything in the actor's worker process. Tensor-parallel degree 1 only"""
+    frontend_process: bool = False
+    """vLLM: the whole engine (its front end too: request setup and the per-decode-step output loop,
+    detokenisation for the stop strings, log-probs) in a child process of the worker, which keeps
+    only a pipe and sends weights as a CUDA IPC handle; with `engine_process` the core runs in a
+    process of its own below it. The worker's Python then runs free of the engine's: what
+    `staleness=1` needs for its log-prob and update passes to overlap the rollout. Sync rollout
+    (`mode=sync`), tensor-parallel degree 1"""
     max_num_batched_tokens: Optional[int] = None
     """vLLM scheduler: tokens per engine step (`null`: vLLM's default for the platform)"""
     max_num_seqs: Optional[int] = None

@@ -289,6 +289,13 @@ class VLLMRolloutEngine(RolloutEngine):
             del buffer
             torch.cuda.ipc_collect()
 
+    def load_ipc_message(self, message: bytes) -> None:
+        """Load the weights another process packed (:func:`~verl.workers.rollout.vllm_worker.pack_for_ipc`;
+        its buffer must live until this returns: the engine's worker has copied them by then)."""
+        self.llm.collective_rpc("search_r1_load_weights", args=(message,))
+        self.weight_route = "worker_extension"
+        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+
     def _push_reload_weights_shm(self, tensors: dict[str, torch.Tensor]) -> None:
         from safetensors.torch import save_file
 
