@@ -60,6 +60,7 @@ for _path in (str(REPO), str(REPO / "scripts")):
 from benchmarks.common import save_report  # noqa: E402
 from benchmarks.gpu_generation import host_probe_ms  # noqa: E402
 from benchmarks.latency_proxy import launch_proxy  # noqa: E402
+from verl.trainer.overrides import recipe_overrides  # noqa: E402
 
 PREFIX = "<think>I need to look this up.</think>\n<search>"
 RANDOM_SHAPES = ("qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b", "tiny")
@@ -316,13 +317,16 @@ STEP_VARIANTS = {"sync": ("sync", 0), "async": ("async", 0), "sync_staleness1": 
 
 def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> list[str]:
     """The trainer's overrides of one ``STEP_VARIANTS`` run (staleness 1 with what it needs: the engine
-    resident and truncated importance sampling against the rollout's log-probs)."""
+    resident and truncated importance sampling against the rollout's log-probs; on the GPU the
+    ``one_step_off_policy`` recipe, whose engine is served from processes of its own)."""
     from learning_check import grpo_overrides
 
     mode, staleness = STEP_VARIANTS[variant]
     base = grpo_overrides(model, args.step_steps, -1, log_dir, 1e-6, args.step_batch_size, "vllm",
                           n=args.step_n, gpu=args.device == "cuda")
-    lagged = ["actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"]
+    # the one_step_off_policy recipe on the GPU; on a CPU its engine processes only add start-up time
+    lagged = (recipe_overrides("one_step_off_policy") if args.device == "cuda" else
+              ["actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"])
     mine = [f"actor_rollout_ref.rollout.mode={mode}", f"actor_rollout_ref.rollout.staleness={staleness}",
             *(lagged if staleness else []), f"retriever.url={url}", f"max_turns={args.max_turns}",
             f"data.max_response_length={args.max_tokens}", f"data.max_obs_length={args.max_obs_length}",

@@ -3,8 +3,11 @@
 # run (install, warm start, evaluations, training) inside one hold of the machine.
 # Here first: bash ../shared/device/wheels.sh --vllm; python benchmarks/learning_data.py --out data/learning
 # Then device calls, back to back (the machine goes back after 30 s idle):
-#   STAGE=copy bash benchmarks/device/learning_run.sh     # carrying .whl-big parts (<= 64 MiB a call) / data/learning
-#                                                          # / .cache/device-compile (an earlier run's compile cache)
+#   STAGE=copy bash benchmarks/device/learning_run.sh     # carrying .whl-big parts (<= 64 MiB a call with the tree) /
+#                                                          # data/learning / .cache/device-compile (an earlier run's
+#                                                          # compile cache); ten calls: ray part01 + the cache; ray
+#                                                          # part00; data/learning + vllm part05; smollm2 part00;
+#                                                          # smollm2 part01; vllm part00 .. part04
 #   STAGE=start DEVICE_LEFT_S=<status's budget_left_s> ARGS="--algo grpo --steps 100 --eval_steps 0,50,100" \
 #     bash benchmarks/device/learning_run.sh              # carrying .whl: install, warm start, the run detached;
 #                                                          # the run's budget: DEVICE_LEFT_S less this call's time
