@@ -17,9 +17,8 @@ no weight crosses the pipe on a GPU; on a CPU the tensors are sent through it.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import multiprocessing
-import signal
+import threading
 import traceback
 from typing import Any, Iterable
 
@@ -34,18 +33,9 @@ class EngineProcessError(RuntimeError):
     """The engine process failed a call (its traceback in the message) or is gone."""
 
 
-def _die_with_parent() -> None:
-    """Linux: the kernel kills this process when its parent (the trainer's worker) dies, so a killed
-    run leaves no engine holding the GPU."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not glibc: the pipe's end still stops the serve loop
-        pass
-
-
 def _serve(conn, engine_kwargs: dict) -> None:
-    """The child's loop: build the engine, then answer ``(method, args)`` requests until ``close``."""
-    _die_with_parent()
+    """The child's loop: build the engine, then answer ``(method, args)`` requests until ``close`` or
+    until the pipe ends (the parent is gone: a killed worker leaves no engine holding the GPU)."""
     from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine
 
     try:
@@ -65,9 +55,13 @@ def _serve(conn, engine_kwargs: dict) -> None:
         if method == "close":
             break
         try:
-            conn.send(("ok", handlers[method](*args)))
+            reply = ("ok", handlers[method](*args))
         except BaseException:  # noqa: BLE001 - the parent raises it; the engine keeps serving
-            conn.send(("error", traceback.format_exc()))
+            reply = ("error", traceback.format_exc())
+        try:
+            conn.send(reply)
+        except OSError:  # the parent went away during the call
+            break
     engine.shutdown()
     conn.close()
 
@@ -86,6 +80,7 @@ class EngineProcess(RolloutEngine):
     def __init__(self, **engine_kwargs: Any) -> None:
         context = multiprocessing.get_context("spawn")  # a fork of a process holding CUDA cannot use it
         self._conn, child_conn = context.Pipe()
+        self._lock = threading.Lock()  # one request on the pipe at a time, whichever thread sends it
         self._process = context.Process(target=_serve, args=(child_conn, engine_kwargs), daemon=False,
                                         name="rollout-engine")
         self._process.start()
@@ -112,8 +107,9 @@ class EngineProcess(RolloutEngine):
         if not self._process.is_alive():
             raise EngineProcessError(f"the rollout engine process is gone (code {self._process.exitcode}); "
                                      f"cannot {method}")
-        self._conn.send((method, args))
-        return self._answer(method)
+        with self._lock:
+            self._conn.send((method, args))
+            return self._answer(method)
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[RolloutOutput]:
         """See ``RolloutEngine.generate`` (the engine process's outputs, in order)."""
@@ -148,8 +144,12 @@ class EngineProcess(RolloutEngine):
         """Stop the engine and its process (killed if it does not end within ``timeout_s``)."""
         if self._conn.closed:
             return
-        if self._process.is_alive():
-            self._conn.send(("close", ()))
+        # a call in flight (another thread, at exit) holds the lock: then the child is killed instead
+        if self._process.is_alive() and self._lock.acquire(timeout=timeout_s):
+            try:
+                self._conn.send(("close", ()))
+            finally:
+                self._lock.release()
             self._process.join(timeout_s)
         if self._process.is_alive():
             self._process.kill()
