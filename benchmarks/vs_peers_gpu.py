@@ -196,19 +196,28 @@ def child_env(system: str, work: Path) -> dict:
 
 
 # ---- per-step records, one reader per system -------------------------------------------------------
-def ours_records(path: Path, cfg: BenchConfig) -> list[dict]:
-    """Our ``metrics.jsonl`` (one flat row per step, ``timing_s/*``: verl/trainer/ppo/metric_utils.py)."""
+def _timing_record(r: dict, cfg: BenchConfig, weight_sync_key: str, memory_gib: float | None) -> dict:
+    """One step's record from a veRL-style flat metrics row (``timing_s/*``, ``response_length/mean``,
+    ``perf/total_num_tokens``: both trainers name them alike, the weight sync and memory apart)."""
+    return {"step_s": r["timing_s/step"], "gen_s": r.get("timing_s/gen", 0.0),
+            "log_prob_s": r.get("timing_s/old_log_prob", 0.0) + r.get("timing_s/ref", 0.0),
+            "update_s": r.get("timing_s/update_actor", 0.0), "weight_sync_s": r.get(weight_sync_key, 0.0),
+            "generated_tokens": r.get("response_length/mean", 0.0) * cfg.prompts * cfg.n,
+            "total_tokens": r.get("perf/total_num_tokens", 0.0), "memory_gib": memory_gib}
+
+
+def _step_rows(path: Path, unwrap) -> list[dict]:
     if not path.exists():
         return []
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "timing_s/step" in r]
-    return [{"step_s": r["timing_s/step"], "gen_s": r.get("timing_s/gen", 0.0),
-             "log_prob_s": r.get("timing_s/old_log_prob", 0.0) + r.get("timing_s/ref", 0.0),
-             "update_s": r.get("timing_s/update_actor", 0.0), "weight_sync_s": r.get("timing_s/weight_sync", 0.0),
-             "generated_tokens": r.get("response_length/mean", 0.0) * cfg.prompts * cfg.n,
-             "total_tokens": r.get("perf/total_num_tokens", 0.0),
-             "memory_gib": max((v for k, v in r.items() if k.startswith("perf/max_memory_allocated_gb")), default=None)}
-            for r in rows]
+    rows = [unwrap(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in rows if "timing_s/step" in r]
+
+
+def ours_records(path: Path, cfg: BenchConfig) -> list[dict]:
+    """Our ``metrics.jsonl`` (one flat row per step, ``timing_s/*``: verl/trainer/ppo/metric_utils.py)."""
+    return [_timing_record(r, cfg, "timing_s/weight_sync",
+                           max((v for k, v in r.items() if k.startswith("perf/max_memory_allocated_gb")), default=None))
+            for r in _step_rows(path, lambda row: row)]
 
 
 def verl_records(path: Path, cfg: BenchConfig) -> list[dict]:
@@ -216,16 +225,8 @@ def verl_records(path: Path, cfg: BenchConfig) -> list[dict]:
     keys from verl/trainer/ppo/metric_utils.py (``timing_s/*``, ``perf/total_num_tokens``,
     ``response_length/mean``) and verl/workers/engine_workers.py (``perf/max_memory_allocated_gb`` of the
     update, prefixed ``actor/`` by the trainer's ``rename_dict``)."""
-    if not path.exists():
-        return []
-    rows = [json.loads(line)["data"] for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "timing_s/step" in r]
-    return [{"step_s": r["timing_s/step"], "gen_s": r.get("timing_s/gen", 0.0),
-             "log_prob_s": r.get("timing_s/old_log_prob", 0.0) + r.get("timing_s/ref", 0.0),
-             "update_s": r.get("timing_s/update_actor", 0.0), "weight_sync_s": r.get("timing_s/update_weights", 0.0),
-             "generated_tokens": r.get("response_length/mean", 0.0) * cfg.prompts * cfg.n,
-             "total_tokens": r.get("perf/total_num_tokens", 0.0),
-             "memory_gib": r.get("actor/perf/max_memory_allocated_gb")} for r in rows]
+    return [_timing_record(r, cfg, "timing_s/update_weights", r.get("actor/perf/max_memory_allocated_gb"))
+            for r in _step_rows(path, lambda row: row["data"])]
 
 
 def trl_records(path: Path, cfg: BenchConfig) -> list[dict]:
