@@ -298,6 +298,8 @@ def one_call(args) -> bool:
     whether the run is complete."""
     started = time.time()
     deadline = started + args.budget_s
+    # where the run is, written first: a hold that ends before the JSON leaves it in the log (adopt_returned)
+    print(PROVENANCE_LINE + json.dumps({**provenance(), "host_probe_ms": round(host_probe_ms(), 1)}), flush=True)
     work_dir = Path(args.work_dir).resolve()
     run = Run(work_dir, args.label)
     run.root.mkdir(parents=True, exist_ok=True)
@@ -368,7 +370,8 @@ def adopt_returned(args, returned: Path) -> dict:
     """The run's JSON rebuilt from what a device poll brought back (``benchmarks/device/learning_run.sh``
     sends ``metrics_<label>.jsonl.gz`` and ``val_<label>.tgz``, ``+`` written ``_``), for a hold that
     ended before the run wrote its own: the evaluations of the trainer's per-question dumps, the curves
-    and step times of the metrics. Its ``status`` says so; ``steps`` is then the last step with metrics.
+    and step times of the metrics, the device's commit, machine and host probe of the ``run.log.txt``
+    beside them. Its ``status`` says so; ``steps`` is then the last step with metrics.
 
     Raises:
         FileNotFoundError: ``returned`` lacks the metrics file (the message names it).
@@ -391,6 +394,11 @@ def adopt_returned(args, returned: Path) -> dict:
         adopt_validations(args, run)
         result = collect(args, run, "built on the device by scripts/warm_start.py", Path(args.data))
     result["steps"] = result["steps_seen"]
+    log = returned / "run.log.txt"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    device = [json.loads(x[len(PROVENANCE_LINE):]) for x in lines if x.startswith(PROVENANCE_LINE)]
+    if device:  # the device's commit, machine and host probe, not this machine's
+        result.update(device[-1])
     result["status"] = (f"partial: rebuilt from {metrics.name}{' and ' + dumps.name if dumps.exists() else ''}; "
                         f"the hold ended at step {result['steps_seen']} before the run wrote its JSON")
     return result
@@ -423,6 +431,9 @@ def step_times(rows: list[dict]) -> dict:
         if values:
             out[phase] = float(np.median(values))
     return out
+
+
+PROVENANCE_LINE = "provenance: "
 
 
 def provenance() -> dict:

@@ -23,7 +23,10 @@ unpack_compile_cache() {  # the parts copied so far (an earlier machine's send_c
     && echo "compile cache: $(du -sh "$work/compile" | cut -f1) unpacked"
 }
 
-send_compile_cache() {  # once, after the first training step: the caches into $out, <= 15 MiB parts
+send_compile_cache() {  # with SEND_COMPILE_CACHE=1, once, after the first training step: the caches into $out,
+  # <= 15 MiB parts (off by default: it serves only a later machine of the same session, and a poll that
+  # brought back ~15 MB was once followed by a fresh machine, the run on the old one lost)
+  [ "${SEND_COMPILE_CACHE:-0}" = 1 ] || return 0
   [ -f "$work/compile.sent" ] && return 0
   grep -q "^step:2 " "$work/run.log" 2>/dev/null || return 0
   tar -cz -C "$work/compile" . | split -b 15m - "$out/compile_cache.tgz.part"

@@ -195,8 +195,13 @@ def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, capfd):
     (returned / "metrics_gae.jsonl.gz").write_bytes(gzip.compress((run.logs / "metrics.jsonl").read_bytes()))
     with tarfile.open(returned / "val_gae.tgz", "w:gz") as tar:
         tar.add(run.validations, arcname="val")
+    # the run's log names the machine it ran on: the rebuilt JSON reports that one, not this
+    line = [x for x in out.splitlines() if x.startswith(learning_run.PROVENANCE_LINE)][-1]
+    device = {**json.loads(line[len(learning_run.PROVENANCE_LINE):]), "machine": {"gpu": "the device's"}}
+    (returned / "run.log.txt").write_text(f"noise\n{learning_run.PROVENANCE_LINE}{json.dumps(device)}\nstep:2\n")
     assert learning_run.main([*argv, "--out_dir", str(tmp_path / "rebuilt"), "--returned", str(returned)]) == 0
     rebuilt = json.loads((tmp_path / "rebuilt" / "learning_gae.json").read_text())
+    assert rebuilt["machine"] == {"gpu": "the device's"} and rebuilt["host_probe_ms"] == device["host_probe_ms"] > 0
     assert rebuilt["status"].startswith("partial: rebuilt from metrics_gae.jsonl.gz and val_gae.tgz")
     assert rebuilt["steps"] == rebuilt["steps_seen"] == 2
     assert {s: e["table"] for s, e in rebuilt["evaluations"].items()} == \
