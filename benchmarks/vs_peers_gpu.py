@@ -1,7 +1,7 @@
 """Issue 27: the same GRPO step in this project, in veRL 0.9.1 and in TRL 1.16.0, back to back on one H200.
 
     # on the device, after benchmarks/device/vs_peers.sh STAGE=start installed everything
-    python benchmarks/vs_peers_gpu.py --configs learning,qwen1.5b --systems ours,verl,trl --steps 5 \
+    python benchmarks/vs_peers_gpu.py --configs learning,qwen1.5b,search --systems ours,verl,trl --steps 5 \
         --data /tmp/vs_peers/data --warm_start DIR --work_dir /tmp/vs_peers --out_dir $OUT --budget_s 1200
 
 Each system runs in a child process of its own, with its own site first on ``PYTHONPATH`` (veRL:
@@ -10,13 +10,20 @@ project's package is also called ``verl``, so this script never imports a peer, 
 from a folder outside the repo. All three: bf16 compute with fp32 master weights, one GPU, rollout by
 vLLM colocated with training (veRL's hybrid engine with its async vLLM server; TRL's
 ``vllm_mode="colocate"``; ours in-process), GRPO with the low-variance KL loss (0.001) against a
-reference model, one mini-batch a step, temperature 1, single turn, reward = exact match of the last
-``<answer>`` (ours: ``search_r1``'s EM; the peers: ``benchmarks/peers/em_reward.py``, checked equal).
+reference model, one mini-batch a step, temperature 1, reward = exact match of the last ``<answer>``
+(ours: ``search_r1``'s EM; the peers: ``benchmarks/peers/em_reward.py``, checked equal).
 
-Configurations (:data:`CONFIGS`): ``learning``, the learning recipe's shape (SmolLM2-135M SFT warm
-start, 64 prompts x 8, prompts <= 320 and responses <= 320 tokens, lr 2e-5); ``qwen1.5b``, a randomly
-initialised Qwen2.5-1.5B shape (SmolLM2 tokenizer), 512 NQ/HotpotQA prompts with Search-R1's prompt
-x 5, responses of 500 tokens (a random policy never stops early), lr 1e-6.
+Configurations (:data:`CONFIGS`), single turn unless said: ``learning``, the learning recipe's shape
+(SmolLM2-135M SFT warm start, 64 prompts x 8, prompts <= 320 and responses <= 320 tokens, lr 2e-5);
+``qwen1.5b``, a randomly initialised Qwen2.5-1.5B shape (SmolLM2 tokenizer), 512 NQ/HotpotQA prompts with
+Search-R1's prompt x 5, responses of 500 tokens (a random policy never stops early), lr 1e-6; ``search``,
+``learning`` with the learning recipe's multi-turn search: turns of <= 320 tokens, ``max_turns=2`` searches,
+observations of <= 384 tokens, BM25 top-3 over the learning data's corpus from ONE retriever server of ours
+(``search_r1.search``, Search-R1's ``/retrieve`` API; started here as ``benchmarks/learning_run.py`` starts
+it) whose URL every system gets: ours its own search rollout, veRL its ``ToolAgentLoop`` with
+``benchmarks/peers/verl_search.py``'s search tool, tag parser and stop strings; TRL 1.16 has no multi-turn
+rollout that fits (:data:`UNSUPPORTED`: the run is recorded as skipped with the reason, and
+``ratio_absent`` names the missing ratio).
 
 Speed settings, each system's own best documented ones: ours the learning recipe's (engine resident,
 64k-token packed micro-batches, varlen attention, torch.compile), activation checkpointing only at 1.5B;
@@ -26,20 +33,24 @@ training, ``trainer.use_v1`` (its default); checkpointing as ours); TRL's GRPO d
 colocated; ``gradient_checkpointing`` as ours, which is TRL's default at 1.5B). The same vLLM share of
 the GPU for the three (``gpu_memory_utilization``), so that peak GPU memory compares.
 
-Protocol difference (stated in the report): ours ends a turn at Search-R1's stop strings
+Protocol differences (stated in the report): single turn, ours ends a turn at Search-R1's stop strings
 (``</search>``, ``</answer>``); veRL's single-turn agent loop and TRL stop at the EOS or the length
 limit only. With the warm start the peers therefore generate more tokens a step; compare
 ``generated_tokens`` and the tokens/s figures beside the step ratio. The random 1.5B policy writes no
-tags: there every response is 500 tokens in all three.
+tags: there every response is 500 tokens in all three. Multi-turn (``search``), both stop at the tags; veRL
+frames an observation as a chat-template ``tool`` turn, cuts it in characters (``CHARS_PER_TOKEN``) and
+ends a row at a turn without a search, where ours appends ``<information>`` inline, cuts in tokens and
+answers an invalid turn with Search-R1's corrective message (docs/benchmarks.md lists them).
 
 Figures per system and configuration (medians over the steps after ``--warmup``, >= 3 needed):
 step time and its split (``gen``, ``log_prob`` = old + reference log-probs (+ reward for TRL),
-``update``, ``weight_sync``), generated tokens/s (over ``gen``), whole-step tokens/s/GPU (prompt +
-response tokens over the step), peak GPU memory of the whole device (``nvidia-smi``, sampled every
-second; the system's own allocator peak beside it), a host-speed probe before each run. Top level:
-``ratio_step_vs_verl`` and ``ratio_step_vs_trl`` (their step / ours, by configuration; goal >= 1.2 and
->= 2) and ``ratio_memory_vs_verl`` / ``_vs_trl`` (our peak / theirs; goal <= 1). Saved to
-``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by the hold keeps what finished.
+``update``, ``weight_sync``), generated tokens/s (over ``gen``; response tokens, observations included),
+whole-step tokens/s/GPU (prompt + response tokens over the step), searches a row (multi-turn), peak GPU
+memory of the whole device (``nvidia-smi``, sampled every second; the system's own allocator peak beside
+it), a host-speed probe before each run. Top level: ``ratio_step_vs_verl`` and ``ratio_step_vs_trl``
+(their step / ours, by configuration; goal >= 1.2 and >= 2) and ``ratio_memory_vs_verl`` / ``_vs_trl``
+(our peak / theirs; goal <= 1). Saved to ``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by
+the hold keeps what finished.
 """
 
 from __future__ import annotations
@@ -53,6 +64,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -69,7 +81,14 @@ SITES = {"ours": ["/tmp/site", str(ROOT)], "verl": ["/tmp/site-verl", "/tmp/site
          "trl": ["/tmp/site-trl", "/tmp/site"]}
 SYSTEMS = ("ours", "verl", "trl")
 RECORD_KEYS = ("step_s", "gen_s", "log_prob_s", "update_s", "weight_sync_s", "generated_tokens", "total_tokens",
-               "memory_gib")
+               "memory_gib", "searches")
+RETRIEVER_TOPK = 3  # passages a search, all systems (the learning recipe's retriever.topk)
+# veRL cuts a tool's answer in characters: our learning corpus's 3-passage observations average 3.96
+# characters a SmolLM2 token (300 of them, 2026-12-03), so 4 characters a token of our budget
+CHARS_PER_TOKEN = 4
+# veRL's names for benchmarks/peers/verl_search.py's pieces (that module runs in veRL's site only)
+VERL_AGENT_LOOP, VERL_TOOL_PARSER, VERL_TOOL = "search_r1_tool_agent", "search_r1_tags", "search"
+VERL_TOOL_YAML, VERL_LOOP_YAML = "verl_search_tool.yaml", "verl_agent_loop.yaml"
 
 
 @dataclass(frozen=True)
@@ -87,6 +106,8 @@ class BenchConfig:
         gradient_checkpointing: activation checkpointing in the update (all three).
         max_token_len: tokens a packed micro-batch (ours, veRL); ``trl_micro_batch``: completions a
             padded TRL micro-batch.
+        max_turns: searches a row at most (0: single turn, no retriever); then ``max_response_length`` is
+            one turn's budget (Search-R1's meaning) and ``max_obs_length`` one observation's, in tokens.
     """
 
     model: str
@@ -100,33 +121,59 @@ class BenchConfig:
     gradient_checkpointing: bool
     max_token_len: int
     trl_micro_batch: int
+    max_turns: int = 0
+    max_obs_length: int = 0
+
+    @property
+    def response_width(self) -> int:
+        """A row's response tokens at most: every turn and every observation (one turn when single-turn)."""
+        return self.max_response_length * (self.max_turns + 1) + self.max_obs_length * self.max_turns
+
+    @property
+    def obs_chars(self) -> int:
+        """The observation budget in characters (veRL's unit): ``max_obs_length x CHARS_PER_TOKEN``."""
+        return self.max_obs_length * CHARS_PER_TOKEN
 
 
 CONFIGS = {
     "learning": BenchConfig("warm_start", None, 64, 8, 320, 320, 2e-5, 0.3, False, 65536, 64),
     "qwen1.5b": BenchConfig("qwen2.5-1.5b", ("nq", "hotpotqa"), 512, 5, 512, 500, 1e-6, 0.4, True, 65536, 32),
+    # the learning recipe's rollout (verl/trainer/config/recipe/learning_gpu_rollout.yaml): 2 searches, 384-token
+    # observations; a row's response is 3 x 320 + 2 x 384 = 1,728 tokens at most
+    "search": BenchConfig("warm_start", None, 64, 8, 320, 320, 2e-5, 0.3, False, 65536, 64, max_turns=2,
+                          max_obs_length=384),
+}
+# (configuration, system) pairs that cannot run, with the reason (the JSON keeps it in place of the run)
+UNSUPPORTED = {
+    ("search", "trl"): (
+        "TRL 1.16's GRPOTrainer rolls out tool calls only in the chat template's function-calling format "
+        "(tools= / environment_factory, max_tool_calling_iterations) and refuses a template that cannot render "
+        "tool calls, as the SmolLM2 warm start's cannot (trl.chat_template_utils.supports_tool_calling is "
+        "False); Search-R1's <search> tags would need a hand-written rollout_func (experimental), i.e. our "
+        "own loop, not TRL's"),
 }
 
 
 @dataclass(frozen=True)
 class Inputs:
-    """What a configuration's runs read: the policy's HF folder, ours/veRL's parquet folder, TRL's JSONL."""
+    """What a configuration's runs read: the policy's HF folder, ours/veRL's parquet folder, TRL's JSONL, and
+    for a multi-turn configuration the retriever server's ``/retrieve`` URL."""
 
     model: str
     data_dir: Path
     trl_questions: Path
+    retriever_url: str | None = None
 
 
 def ours_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str) -> list[str]:
     """Our trainer (``scripts/quickstart.py``, as ``train_grpo.sh`` on a GPU calls it) with the learning
-    recipe, single turn (``max_turns=0``, no retriever), at ``cfg``'s sizes."""
+    recipe at ``cfg``'s sizes: single turn with no retriever, or our search rollout (:func:`ours_turn_overrides`)."""
     ckpt = "true" if cfg.gradient_checkpointing else "false"
-    return [sys.executable, str(ROOT / "scripts" / "quickstart.py"), "--no-retriever", "--data-dir", str(inputs.data_dir),
+    no_retriever = [] if cfg.max_turns else ["--no-retriever"]  # multi-turn: the driver's server answers
+    return [sys.executable, str(ROOT / "scripts" / "quickstart.py"), *no_retriever, "--data-dir", str(inputs.data_dir),
             "+recipe=search_r1_grpo", "trainer.n_gpus_per_node=1", *recipe_overrides("learning_gpu"),
-            f"actor_rollout_ref.model.path={inputs.model}", "max_turns=0", "do_search=false",
+            f"actor_rollout_ref.model.path={inputs.model}", *ours_turn_overrides(cfg, inputs),
             f"data.train_batch_size={cfg.prompts}", f"actor_rollout_ref.rollout.n={cfg.n}",
-            f"data.max_start_length={cfg.max_prompt_length}", f"data.max_prompt_length={cfg.max_prompt_length}",
-            f"data.max_response_length={cfg.max_response_length}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts}", f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={cfg.max_token_len}",
             f"actor_rollout_ref.rollout.gpu_memory_utilization={cfg.gpu_memory_utilization}",
@@ -138,17 +185,37 @@ def ours_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name:
             f"trainer.default_local_dir={work / 'ckpt'}"]
 
 
+def ours_turn_overrides(cfg: BenchConfig, inputs: Inputs) -> list[str]:
+    """Single turn (``max_turns=0``, prompts and the engine's context of ``max_prompt_length``) or our search
+    rollout (what ``train_grpo.sh`` runs by default) against ``inputs.retriever_url``: ``max_turns``
+    searches, turns of ``max_response_length`` and observations of ``max_obs_length`` tokens, an engine
+    context holding the prompt and the whole trajectory (the learning recipe's 2,048).
+
+    Raises:
+        ValueError: a multi-turn configuration without a retriever URL.
+    """
+    lengths = [f"data.max_start_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.max_response_length}"]
+    if not cfg.max_turns:
+        return ["max_turns=0", "do_search=false", *lengths, f"data.max_prompt_length={cfg.max_prompt_length}"]
+    if not inputs.retriever_url:
+        raise ValueError("a multi-turn configuration needs the retriever server's URL (Inputs.retriever_url)")
+    return [f"max_turns={cfg.max_turns}", "do_search=true", f"retriever.url={inputs.retriever_url}",
+            f"retriever.topk={RETRIEVER_TOPK}", *lengths, f"data.max_obs_length={cfg.max_obs_length}",
+            f"data.max_prompt_length={cfg.max_prompt_length + cfg.response_width}"]
+
+
 def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str, trainer: str = "v1") -> list[str]:
     """veRL 0.9.1's Hydra overrides of ``verl/trainer/config/ppo_trainer.yaml`` (keys checked against the
     wheel's config by tests/benchmarks/test_vs_peers_gpu.py). ``trainer``: ``v1`` (veRL's default
-    trainer, TransferQueue) or ``v0`` (its legacy ``RayPPOTrainer``, the fallback)."""
+    trainer, TransferQueue) or ``v0`` (its legacy ``RayPPOTrainer``, the fallback). Multi-turn: the rows
+    of :func:`verl_search_row` and :func:`verl_multi_turn_overrides`; the response budget is the whole row's."""
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     ckpt = "true" if cfg.gradient_checkpointing else "false"
-    parquet = inputs.data_dir / "train.parquet"
+    parquet = inputs.data_dir / ("verl_train.parquet" if cfg.max_turns else "train.parquet")
     return [
         "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
         f"data.train_files={parquet}", f"data.val_files={parquet}", f"data.train_batch_size={cfg.prompts}",
-        f"data.max_prompt_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.max_response_length}",
+        f"data.max_prompt_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.response_width}",
         "data.filter_overlong_prompts=true", "data.shuffle=false",
         f"actor_rollout_ref.model.path={inputs.model}", "actor_rollout_ref.model.use_remove_padding=true",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
@@ -164,11 +231,50 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.project_name=vs_peers",
         f"trainer.experiment_name={name}", f"trainer.default_local_dir={work / 'ckpt'}",
-        f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}",
+        f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}", *verl_multi_turn_overrides(cfg, work),
     ]
 
 
+def verl_multi_turn_overrides(cfg: BenchConfig, work: Path) -> list[str]:
+    """veRL's tool agent loop for a multi-turn configuration (none when single-turn): ``max_turns`` tool
+    rounds (``max_user_turns``) and ``max_turns + 1`` generations, one call a turn, the observation cut to
+    ``cfg.obs_chars`` characters, Search-R1's tag parser, and the files of :func:`write_verl_search_files`
+    in ``work`` (the tool config, the agent loop, which ends turns at the tags and at ``max_response_length``)."""
+    if not cfg.max_turns:
+        return []
+    turn, agent = "actor_rollout_ref.rollout.multi_turn", "actor_rollout_ref.rollout.agent"
+    return [f"{turn}.enable=true", f"{turn}.max_assistant_turns={cfg.max_turns + 1}",
+            f"{turn}.max_user_turns={cfg.max_turns}", f"{turn}.max_parallel_calls=1",
+            f"{turn}.format={VERL_TOOL_PARSER}", f"{turn}.tool_config_path={work / VERL_TOOL_YAML}",
+            f"{turn}.max_tool_response_length={cfg.obs_chars}", f"{turn}.tool_response_truncate_side=right",
+            f"{agent}.default_agent_loop={VERL_AGENT_LOOP}", f"{agent}.agent_loop_config_path={work / VERL_LOOP_YAML}"]
+
+
+def write_verl_search_files(cfg: BenchConfig, url: str, work: Path) -> None:
+    """``<work>/verl_search_tool.yaml`` (veRL's tool config: ``verl_search.RetrieverSearchTool`` at our
+    server's ``url``, top-``RETRIEVER_TOPK``, observations of ``cfg.obs_chars`` characters) and
+    ``<work>/verl_agent_loop.yaml`` (veRL's agent loop list: ``verl_search.SearchR1ToolAgentLoop`` with
+    Search-R1's stop strings and ``max_response_length``-token turns)."""
+    import yaml
+
+    query = {"type": "string", "description": "A search query: the top passages of the corpus come back."}
+    schema = {"type": "function", "function": {
+        "name": VERL_TOOL, "description": "Searches a Wikipedia corpus for passages relevant to the query.",
+        "parameters": {"type": "object", "properties": {"query": query}, "required": ["query"]}}}
+    tool = {"class_name": "verl_search.RetrieverSearchTool", "tool_schema": schema,
+            "config": {"type": "native", "retrieval_service_url": url, "topk": RETRIEVER_TOPK, "timeout": 30,
+                       "max_chars": cfg.obs_chars}}
+    loop = {"name": VERL_AGENT_LOOP, "_target_": "verl_search.SearchR1ToolAgentLoop",
+            "stop": ["</search>", "</answer>"], "turn_max_tokens": cfg.max_response_length}
+    (work / VERL_TOOL_YAML).write_text(yaml.safe_dump({"tools": [tool]}, sort_keys=False))
+    (work / VERL_LOOP_YAML).write_text(yaml.safe_dump([loop], sort_keys=False))
+
+
 def verl_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str, trainer: str = "v1") -> list[str]:
+    """``python -m verl.trainer.main_ppo`` with :func:`verl_overrides`; a multi-turn configuration's files
+    written into ``work`` first (:func:`write_verl_search_files`)."""
+    if cfg.max_turns:
+        write_verl_search_files(cfg, inputs.retriever_url, work)
     return [sys.executable, "-m", "verl.trainer.main_ppo", *verl_overrides(cfg, inputs, steps, work, name, trainer)]
 
 
@@ -183,11 +289,12 @@ def trl_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: 
             *(["--gradient_checkpointing"] if cfg.gradient_checkpointing else [])]
 
 
-def child_env(system: str, work: Path) -> dict:
+def child_env(system: str, work: Path, tools: bool = False) -> dict:
     """The environment of a system's run: its sites first on ``PYTHONPATH`` and nothing of another's;
-    the peers get vLLM's own process model (our drivers' ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is ours)."""
+    the peers get vLLM's own process model (our drivers' ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is ours).
+    ``tools``: veRL's workers also import ``benchmarks/peers/verl_search.py`` (the multi-turn search)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = os.pathsep.join(SITES[system])
+    env["PYTHONPATH"] = os.pathsep.join([*SITES[system], *([str(PEERS_DIR)] if tools and system == "verl" else [])])
     if system != "ours":
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     if system == "verl":
@@ -196,14 +303,16 @@ def child_env(system: str, work: Path) -> dict:
 
 
 # ---- per-step records, one reader per system -------------------------------------------------------
-def _timing_record(r: dict, cfg: BenchConfig, weight_sync_key: str, memory_gib: float | None) -> dict:
+def _timing_record(r: dict, cfg: BenchConfig, weight_sync_key: str, memory_gib: float | None,
+                   searches: float | None = None) -> dict:
     """One step's record from a veRL-style flat metrics row (``timing_s/*``, ``response_length/mean``,
-    ``perf/total_num_tokens``: both trainers name them alike, the weight sync and memory apart)."""
+    ``perf/total_num_tokens``: both trainers name them alike, the weight sync, memory and searches apart)."""
     return {"step_s": r["timing_s/step"], "gen_s": r.get("timing_s/gen", 0.0),
             "log_prob_s": r.get("timing_s/old_log_prob", 0.0) + r.get("timing_s/ref", 0.0),
             "update_s": r.get("timing_s/update_actor", 0.0), "weight_sync_s": r.get(weight_sync_key, 0.0),
             "generated_tokens": r.get("response_length/mean", 0.0) * cfg.prompts * cfg.n,
-            "total_tokens": r.get("perf/total_num_tokens", 0.0), "memory_gib": memory_gib}
+            "total_tokens": r.get("perf/total_num_tokens", 0.0), "memory_gib": memory_gib,
+            "searches": searches if cfg.max_turns else None}
 
 
 def _step_rows(path: Path, unwrap) -> list[dict]:
@@ -214,9 +323,11 @@ def _step_rows(path: Path, unwrap) -> list[dict]:
 
 
 def ours_records(path: Path, cfg: BenchConfig) -> list[dict]:
-    """Our ``metrics.jsonl`` (one flat row per step, ``timing_s/*``: verl/trainer/ppo/metric_utils.py)."""
+    """Our ``metrics.jsonl`` (one flat row per step, ``timing_s/*``: verl/trainer/ppo/metric_utils.py;
+    searches a row: ``env/number_of_valid_search``)."""
     return [_timing_record(r, cfg, "timing_s/weight_sync",
-                           max((v for k, v in r.items() if k.startswith("perf/max_memory_allocated_gb")), default=None))
+                           max((v for k, v in r.items() if k.startswith("perf/max_memory_allocated_gb")), default=None),
+                           r.get("env/number_of_valid_search"))
             for r in _step_rows(path, lambda row: row)]
 
 
@@ -224,8 +335,10 @@ def verl_records(path: Path, cfg: BenchConfig) -> list[dict]:
     """veRL's FileLogger lines ``{"step": N, "data": {...}}`` (verl/utils/tracking.py ``FileLogger.log``);
     keys from verl/trainer/ppo/metric_utils.py (``timing_s/*``, ``perf/total_num_tokens``,
     ``response_length/mean``) and verl/workers/engine_workers.py (``perf/max_memory_allocated_gb`` of the
-    update, prefixed ``actor/`` by the trainer's ``rename_dict``)."""
-    return [_timing_record(r, cfg, "timing_s/update_weights", r.get("actor/perf/max_memory_allocated_gb"))
+    update, prefixed ``actor/`` by the trainer's ``rename_dict``). Searches a row from ``num_turns/mean``
+    (the tool agent loop counts ``user + assistant + 1`` turns, a search adding one of each to the answer's 2)."""
+    return [_timing_record(r, cfg, "timing_s/update_weights", r.get("actor/perf/max_memory_allocated_gb"),
+                           (r["num_turns/mean"] - 2) / 2 if "num_turns/mean" in r else None)
             for r in _step_rows(path, lambda row: row["data"])]
 
 
@@ -318,7 +431,7 @@ def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, d
         cmd = verl_command(cfg, inputs, args.steps, work, name, verl_trainer)
     else:
         cmd = {"ours": ours_command, "trl": trl_command}[system](cfg, inputs, args.steps, work, name)
-    env = child_env(system, work)
+    env = child_env(system, work, tools=cfg.max_turns > 0)
     probe, before, started = host_probe_ms(), GpuMemorySampler.used_gib(), time.time()
     print(f"+ [{name}/{system}] {' '.join(cmd)}", flush=True)
     # ours from the repo root (its scripts' relative paths); the peers outside it (our verl/ would shadow veRL)
@@ -350,10 +463,11 @@ def run_verl(name: str, cfg: BenchConfig, inputs: Inputs, args, deadline: float,
 
 
 # ---- inputs -------------------------------------------------------------------------------------------
-def prepare_inputs(name: str, cfg: BenchConfig, args) -> Inputs:
+def prepare_inputs(name: str, cfg: BenchConfig, args, retriever_url: str | None = None) -> Inputs:
     """The configuration's policy (the random shape saved once) and data: ``train.parquet`` (also the
     validation file) of the learning data's train split, filtered to ``cfg.sources``, and the same rows as
-    TRL's conversational JSONL ``{prompt, target}``."""
+    TRL's conversational JSONL ``{prompt, target}``; multi-turn, also veRL's ``verl_train.parquet``
+    (:func:`verl_search_row`) and the retriever's URL."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -365,10 +479,44 @@ def prepare_inputs(name: str, cfg: BenchConfig, args) -> Inputs:
     table = pa.Table.from_pylist(rows)
     pq.write_table(table, data_dir / "train.parquet")
     pq.write_table(table, data_dir / "test.parquet")
+    if cfg.max_turns:
+        pq.write_table(pa.Table.from_pylist([verl_search_row(r) for r in rows]), data_dir / "verl_train.parquet")
     questions = data_dir / "trl_questions.jsonl"
     questions.write_text("".join(json.dumps({"prompt": r["prompt"], "target": list(r["reward_model"]["ground_truth"]["target"])})
                                  + "\n" for r in rows))
-    return Inputs(model_path(cfg, args), data_dir, questions)
+    return Inputs(model_path(cfg, args), data_dir, questions, retriever_url if cfg.max_turns else None)
+
+
+def verl_search_row(row: dict) -> dict:
+    """A learning-data row as veRL's Search-R1-like preprocessing writes one
+    (``examples/data_preprocess/preprocess_search_r1_dataset.py``): the tool agent loop in ``agent_name``;
+    ``extra_info`` with ``need_tools_kwargs``, the question and the search tool's ``create_kwargs``
+    (ground truth, question, data source). Prompt, data source and reward model stay as they are."""
+    from search_r1.envs.search_r1.prompts import question_of
+
+    question = question_of(row["prompt"][-1]["content"])
+    create = {"ground_truth": row["reward_model"]["ground_truth"], "question": question,
+              "data_source": row["data_source"]}
+    extra = {**(row.get("extra_info") or {}), "need_tools_kwargs": True, "question": question,
+             "tools_kwargs": {VERL_TOOL: {"create_kwargs": create}}}
+    return {**row, "agent_name": VERL_AGENT_LOOP, "extra_info": extra}
+
+
+@contextmanager
+def search_server(args):
+    """The one retriever server of the multi-turn configurations, as ``benchmarks/learning_run.py`` starts
+    it (BM25 over ``<data>/corpus.jsonl``, top-3, index built once under ``<work_dir>/indexes``): yields its
+    ``/retrieve`` URL, or None when no configuration asked for searches by a system that searches."""
+    searching = any(CONFIGS[c].max_turns and any((c, s) not in UNSUPPORTED for s in args.systems) for c in args.configs)
+    if not searching:
+        yield None
+        return
+    import learning_run
+
+    with learning_run.start_retriever(argparse.Namespace(retriever="bm25", profile="gpu"), Path(args.data),
+                                      Path(args.work_dir)) as server:
+        print(f"vs_peers: retriever server at {server.retrieve_url}", flush=True)
+        yield server.retrieve_url
 
 
 def model_path(cfg: BenchConfig, args) -> str:
@@ -406,25 +554,33 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def skipped(name: str, system: str, deadline: float, args) -> dict | None:
+    """Why a run is not started (a configuration the system cannot run, or too little budget left), or None."""
+    if (name, system) in UNSUPPORTED:
+        return {"skipped": UNSUPPORTED[name, system], "unsupported": True}
+    if deadline - time.time() < args.min_run_s:
+        return {"skipped": f"under {args.min_run_s:.0f} s of the budget left"}
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     deadline = time.time() + args.budget_s
     state = Path(args.work_dir) / "vs_peers_gpu.json"
     results = json.loads(state.read_text())["results"] if state.exists() else {}
     verl_trainers = [args.verl_trainer] if args.verl_trainer else ["v1", "v0"]
-    for name in args.configs:
-        cfg, inputs = CONFIGS[name], prepare_inputs(name, CONFIGS[name], args)
-        for system in args.systems:
-            if deadline - time.time() < args.min_run_s:
-                results.setdefault(name, {})[system] = {"skipped": f"under {args.min_run_s:.0f} s of the budget left"}
-                continue
-            if system == "verl":
-                result = run_verl(name, cfg, inputs, args, deadline, verl_trainers)
-            else:
-                result = run_system(system, name, cfg, inputs, args, deadline)
-            results.setdefault(name, {})[system] = result
-            state.write_text(json.dumps({"results": results}) + "\n")
-            save_report("vs_peers_gpu", report(results, args), args.out_dir, quiet=True)
+    with search_server(args) as url:
+        for name in args.configs:
+            cfg, inputs = CONFIGS[name], prepare_inputs(name, CONFIGS[name], args, url)
+            for system in args.systems:
+                result = skipped(name, system, deadline, args)
+                if result is None and system == "verl":
+                    result = run_verl(name, cfg, inputs, args, deadline, verl_trainers)
+                elif result is None:
+                    result = run_system(system, name, cfg, inputs, args, deadline)
+                results.setdefault(name, {})[system] = result
+                state.write_text(json.dumps({"results": results}) + "\n")
+                save_report("vs_peers_gpu", report(results, args), args.out_dir, quiet=True)
     save_report("vs_peers_gpu", report(results, args), args.out_dir, quiet=True)
     print("vs_peers: done", json.dumps({k: v for k, v in report(results, args).items() if k.startswith("ratio_")}),
           flush=True)
@@ -437,9 +593,28 @@ def report(results: dict, args) -> dict:
             "ratio_step_vs_trl": ratios(results, "trl", "step_s", False),
             "ratio_memory_vs_verl": ratios(results, "verl", "peak_gpu_memory_gib", True),
             "ratio_memory_vs_trl": ratios(results, "trl", "peak_gpu_memory_gib", True),
+            "ratio_absent": absent_ratios(results),
             "goal": "ratio_step_vs_verl >= 1.2 and ratio_step_vs_trl >= 2 on every configuration, ratio_memory_* <= 1",
-            "configs": {name: asdict(CONFIGS[name]) for name in results},
+            "configs": {name: config_record(CONFIGS[name], args) for name in results},
             "steps_per_run": args.steps, "warmup_steps": args.warmup, "results": results}
+
+
+def config_record(cfg: BenchConfig, args) -> dict:
+    """A configuration as the JSON states it; multi-turn, with the row's budgets and the retriever."""
+    if not cfg.max_turns:
+        return asdict(cfg)
+    return {**asdict(cfg), "response_width": cfg.response_width, "obs_chars": cfg.obs_chars,
+            "retriever": {"method": "bm25", "topk": RETRIEVER_TOPK, "corpus": str(Path(args.data) / "corpus.jsonl")}}
+
+
+def absent_ratios(results: dict) -> dict:
+    """``ratio_step_vs_<peer>`` -> {configuration: why there is none} for the runs a peer cannot make."""
+    out: dict = {}
+    for name, systems in results.items():
+        for system, result in systems.items():
+            if result.get("unsupported"):
+                out.setdefault(f"ratio_step_vs_{system}", {})[name] = result["skipped"]
+    return out
 
 
 if __name__ == "__main__":

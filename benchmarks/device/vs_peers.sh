@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Device-side driver of benchmarks/vs_peers_gpu.py (issue 27) on one H200, repo root: ours, veRL 0.9.1 and
-# TRL 1.16.0 on the same GRPO step, configuration `learning` (all three) first, then `qwen1.5b`, in one hold.
+# TRL 1.16.0 on the same GRPO step, configuration `learning` (all three) first, then `qwen1.5b`, in one hold;
+# configuration 3, multi-turn search (ours and veRL's tool agent loop; TRL 1.16 cannot, recorded as skipped),
+# in a hold of its own: CONFIGS=search. Its retriever is one BM25 server of ours over $work/data/corpus.jsonl
+# (the learning data, copied by the copy stage), started by the benchmark itself, index built once (~10 s).
 # Here first: bash ../shared/device/wheels.sh --vllm; bash benchmarks/device/peer_wheels.sh;
 #   python benchmarks/learning_data.py --out data/learning
 # Then device calls, back to back (the machine goes back after 30 s idle; each call carries <= 64 MiB with
@@ -16,9 +19,10 @@
 #                                                    # start, then the benchmark detached; its budget: DEVICE_LEFT_S
 #                                                    # less this call's time less END_MARGIN_S (60), or BUDGET_S
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/vs_peers.sh   # repeat until it prints "vs_peers: done"
-# Env for start: CONFIGS (learning,qwen1.5b), SYSTEMS (ours,verl,trl), STEPS (5), ARGS (more flags).
-# /tmp/vs_peers keeps data, models, logs and the merged JSON between calls; each poll's $OUT gets
-# vs_peers_gpu.json and the tails of the runs' logs (at most 8 files come back).
+# Env for start: CONFIGS (learning,qwen1.5b; or search, or all three), SYSTEMS (ours,verl,trl), STEPS (5),
+# ARGS (more flags).
+# /tmp/vs_peers keeps data, models, indexes, logs and the merged JSON between calls; each poll's $OUT gets
+# vs_peers_gpu.json, the driver's log and the tails of the 6 latest runs' logs (at most 8 files come back).
 set -uo pipefail
 work=/tmp/vs_peers
 source benchmarks/device/common.sh
@@ -56,9 +60,10 @@ case "${STAGE:-poll}" in
     done
     cp "$work/results/vs_peers_gpu.json" "$out/" 2>/dev/null
     tail -c 1000000 "$work/run.log" > "$out/run.log.txt" 2>/dev/null
-    for log in "$work"/*_*/run.log; do  # learning_ours, learning_verl, ...: 6 files at most
-      [ -f "$log" ] && tail -n 300 "$log" > "$out/$(basename "$(dirname "$log")").log.txt"
+    # learning_ours, learning_verl, ..., search_verl: the 6 latest (8 runs with search; 8 files come back)
+    for log in $(ls -t "$work"/*_*/run.log 2>/dev/null | head -n 6); do
+      tail -n 300 "$log" > "$out/$(basename "$(dirname "$log")").log.txt"
     done
-    grep -E "^\+ \[|vs_peers: done|Traceback" "$work/run.log" 2>/dev/null | cut -c1-200 | tail -n 20
+    grep -E "^\+ \[|vs_peers:|Traceback" "$work/run.log" 2>/dev/null | cut -c1-200 | tail -n 20
     ;;
 esac

@@ -1,10 +1,18 @@
 """benchmarks/vs_peers_gpu.py (issue 27): each system's command is a configuration that system accepts,
 the peers' reward scores as ours, each system's per-step records summarise into the right medians and
 ratios, and each child sees only its own site. The veRL and TRL checks read the wheels that
-benchmarks/device/peer_wheels.sh downloads into .whl-peers/ (not in a clean clone: they skip there)."""
+benchmarks/device/peer_wheels.sh downloads into .whl-peers/ (not in a clean clone: they skip there).
+
+Configuration ``search`` (multi-turn): our command passes our config check at the learning recipe's
+rollout; veRL's own code (unpacked from its 0.9.1 wheel, in a child process) loads our tool config, runs its
+``ToolAgentLoop`` with our parser, tool and stop strings against OUR retriever server started by the driver
+on a tiny corpus (the one stand-in: a scripted LLM in place of veRL's vLLM server, which needs a GPU), and
+its reward reads the result as ours; TRL 1.16's trainer refuses tools for the warm start's chat template."""
 
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import json
 import os
 import subprocess
@@ -23,16 +31,22 @@ import em_reward  # noqa: E402
 import trl_gpu_run  # noqa: E402
 import vs_peers_gpu as bench  # noqa: E402
 
+from search_r1.envs.search_r1.prompts import prompt_messages  # noqa: E402
 from search_r1.envs.search_r1.reward import compute_score_em  # noqa: E402
 from verl.trainer.main_ppo import parse_config  # noqa: E402
+from verl.trainer.ppo.run_plan import response_width  # noqa: E402
+from verl.utils.model_zoo import smollm2_dir  # noqa: E402
 
 VERL_WHEEL = ROOT / ".whl-peers" / "verl" / "verl-0.9.1-py3-none-any.whl"
 TRL_WHEEL = ROOT / ".whl-peers" / "trl" / "trl-1.16.0-py3-none-any.whl"
 NO_WHEEL = "not in .whl-peers/ (bash benchmarks/device/peer_wheels.sh downloads it; a clean clone has none)"
-INPUTS = bench.Inputs("/models/policy", Path("/data/vs_peers"), Path("/data/vs_peers/trl_questions.jsonl"))
+URL = "http://127.0.0.1:8123/retrieve"
+INPUTS = bench.Inputs("/models/policy", Path("/data/vs_peers"), Path("/data/vs_peers/trl_questions.jsonl"), URL)
+SINGLE_TURN = sorted(name for name, cfg in bench.CONFIGS.items() if not cfg.max_turns)
+TRL_RUNS = sorted(name for name in bench.CONFIGS if (name, "trl") not in bench.UNSUPPORTED)
 
 
-@pytest.mark.parametrize("name", sorted(bench.CONFIGS))
+@pytest.mark.parametrize("name", SINGLE_TURN)
 def test_our_command_passes_our_config_check_single_turn(name, tmp_path):
     cfg = bench.CONFIGS[name]
     cmd = bench.ours_command(cfg, INPUTS, 5, tmp_path, name)
@@ -44,6 +58,22 @@ def test_our_command_passes_our_config_check_single_turn(name, tmp_path):
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing == cfg.gradient_checkpointing
     assert config.actor_rollout_ref.actor.use_kl_loss and config.actor_rollout_ref.actor.kl_loss_coef == 0.001
     assert config.trainer.total_training_steps == 5 and config.reward_model.style == "em"
+
+
+def test_our_search_command_passes_our_config_check_at_the_learning_recipes_rollout(tmp_path):
+    cfg = bench.CONFIGS["search"]
+    cmd = bench.ours_command(cfg, INPUTS, 5, tmp_path, "search")
+    assert "--no-retriever" not in cmd  # the driver's server answers at the URL
+    config = parse_config(cmd[cmd.index("+recipe=search_r1_grpo"):])
+    assert config.max_turns == cfg.max_turns == 2 and config.do_search is True
+    assert config.retriever.url == URL and config.retriever.topk == bench.RETRIEVER_TOPK == 3
+    assert config.data.max_start_length == 320 and config.data.max_response_length == 320
+    assert config.data.max_obs_length == 384 and config.data.max_prompt_length == 2048
+    assert response_width(config) == cfg.response_width == 1728  # our run plan's trajectory width
+    assert config.data.train_batch_size == 64 and config.actor_rollout_ref.rollout.n == 8
+    assert config.actor_rollout_ref.actor.use_kl_loss and config.reward_model.style == "em"
+    with pytest.raises(ValueError, match="retriever server's URL"):
+        bench.ours_command(cfg, bench.Inputs("/m", Path("/d"), Path("/q")), 5, tmp_path, "search")
 
 
 @pytest.fixture(scope="module")
@@ -74,12 +104,29 @@ def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, na
     config = compose_verl(verl_config_dir, bench.verl_overrides(cfg, INPUTS, 5, tmp_path, name, trainer))
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert config.data.train_batch_size == cfg.prompts == actor.ppo_mini_batch_size and rollout.n == cfg.n
-    assert rollout.response_length == cfg.max_response_length and rollout.gpu_memory_utilization == cfg.gpu_memory_utilization
+    assert rollout.response_length == cfg.response_width and rollout.gpu_memory_utilization == cfg.gpu_memory_utilization
     assert actor.use_remove_padding and actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu == cfg.max_token_len
     assert rollout.log_prob_max_token_len_per_gpu == cfg.max_token_len and rollout.mode == "async"
     assert config.actor_rollout_ref.hybrid_engine and config.trainer.use_v1 == (trainer == "v1")
     assert Path(config.reward.custom_reward_function.path) == ROOT / "benchmarks" / "peers" / "em_reward.py"
     assert list(config.trainer.logger) == ["console", "file"]
+
+
+def test_verl_search_overrides_set_its_tool_agent_loop(verl_config_dir, tmp_path):
+    cfg = bench.CONFIGS["search"]
+    config = compose_verl(verl_config_dir, bench.verl_overrides(cfg, INPUTS, 5, tmp_path, "search"))
+    rollout = config.actor_rollout_ref.rollout
+    turns, agent = rollout.multi_turn, rollout.agent
+    assert turns.enable and turns.max_user_turns == 2 and turns.max_assistant_turns == 3 and turns.max_parallel_calls == 1
+    assert turns.format == bench.VERL_TOOL_PARSER and turns.tool_config_path == str(tmp_path / bench.VERL_TOOL_YAML)
+    assert turns.max_tool_response_length == 384 * bench.CHARS_PER_TOKEN and turns.tool_response_truncate_side == "right"
+    assert agent.default_agent_loop == bench.VERL_AGENT_LOOP and agent.agent_loop_config_path == str(tmp_path / bench.VERL_LOOP_YAML)
+    # the prompt as ours' start, the engine's context as ours' (prompt + the whole row)
+    assert rollout.prompt_length == 320 and rollout.prompt_length + rollout.response_length == 2048
+    assert config.data.train_files == str(INPUTS.data_dir / "verl_train.parquet")
+    single = compose_verl(verl_config_dir, bench.verl_overrides(bench.CONFIGS["learning"], INPUTS, 5, tmp_path, "learning"))
+    assert not single.actor_rollout_ref.rollout.multi_turn.enable
+    assert single.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
 
 
 def test_a_misspelt_verl_key_is_refused(verl_config_dir, tmp_path):
@@ -139,7 +186,8 @@ def test_each_systems_records_summarise_into_medians_and_ratios(tmp_path):
     assert summary["step_tokens_per_s_per_gpu"] == 1000.0
     verl_steps = bench.verl_records(verl, cfg)
     assert verl_steps[1] == {"step_s": 10.0, "gen_s": 4.0, "log_prob_s": 2.0, "update_s": 3.0, "weight_sync_s": 0.5,
-                             "generated_tokens": 200.0 * 64 * 8, "total_tokens": 5e5, "memory_gib": 30.0}
+                             "generated_tokens": 200.0 * 64 * 8, "total_tokens": 5e5, "memory_gib": 30.0,
+                             "searches": None}
     results = {"learning": {"ours": {**summary, "peak_gpu_memory_gib": 50.0},
                             "verl": {**bench.summarise(verl_steps, 1), "peak_gpu_memory_gib": 80.0},
                             "trl": {"steps_measured": 0, "peak_gpu_memory_gib": 40.0}}}
@@ -147,6 +195,19 @@ def test_each_systems_records_summarise_into_medians_and_ratios(tmp_path):
     assert bench.ratios(results, "trl", "step_s", False) == {}  # no TRL step measured: no ratio
     assert bench.ratios(results, "verl", "peak_gpu_memory_gib", True) == {"learning": 0.625}
     assert bench.ours_records(tmp_path / "missing.jsonl", cfg) == [] and bench.summarise([], 1) == {"steps_measured": 0}
+
+
+def test_search_records_count_searches_a_row_in_both_systems(tmp_path):
+    cfg = bench.CONFIGS["search"]
+    row = {"timing_s/step": 9.0, "timing_s/gen": 6.0, "response_length/mean": 700.0}
+    ours, verl = tmp_path / "metrics.jsonl", tmp_path / "verl_metrics.jsonl"
+    ours.write_text("".join(json.dumps({**row, "env/number_of_valid_search": s}) + "\n" for s in (1.0, 1.5, 1.25, 1.5)))
+    # veRL's tool agent loop: num_turns = assistant + user turns + 1; k searches then an answer -> 2k + 2
+    verl.write_text("".join(json.dumps({"step": 1, "data": {**row, "num_turns/mean": t}}) + "\n" for t in (4.0, 5.0, 5.0, 6.0)))
+    assert [s["searches"] for s in bench.ours_records(ours, cfg)] == [1.0, 1.5, 1.25, 1.5]
+    assert [s["searches"] for s in bench.verl_records(verl, cfg)] == [1.0, 1.5, 1.5, 2.0]
+    assert bench.summarise(bench.ours_records(ours, cfg), 1)["median"]["searches"] == 1.5
+    assert bench.ours_records(ours, bench.CONFIGS["learning"])[0]["searches"] is None  # single turn: none
 
 
 def test_trl_steps_join_the_callbacks_times_with_generation_and_sync(tmp_path):
@@ -162,7 +223,7 @@ def test_trl_steps_join_the_callbacks_times_with_generation_and_sync(tmp_path):
     assert bench.trl_records(path, bench.CONFIGS["learning"])[1]["memory_gib"] == 41.0
 
 
-@pytest.mark.parametrize("name", sorted(bench.CONFIGS))
+@pytest.mark.parametrize("name", TRL_RUNS)
 def test_trl_runner_builds_a_grpo_config_at_gpu_settings(name, tmp_path):
     if not TRL_WHEEL.exists():
         pytest.skip(f"{TRL_WHEEL.name} {NO_WHEEL}")
@@ -191,7 +252,264 @@ def test_each_child_sees_its_own_site_only(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     verl = bench.child_env("verl", tmp_path)
     assert verl["PYTHONPATH"] == "/tmp/site-verl:/tmp/site" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in verl
+    # multi-turn: veRL's workers import the search tool, parser and loop from benchmarks/peers
+    assert bench.child_env("verl", tmp_path, tools=True)["PYTHONPATH"] == f"/tmp/site-verl:/tmp/site:{bench.PEERS_DIR}"
+    assert bench.child_env("trl", tmp_path, tools=True)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
     assert verl["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "verl_metrics.jsonl")
     assert bench.child_env("trl", tmp_path)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
     ours = bench.child_env("ours", tmp_path)
     assert ours["PYTHONPATH"] == f"/tmp/site:{ROOT}" and ours["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+# ---- configuration 3: multi-turn search ------------------------------------------------------------------
+CORPUS = [("Paris", "Paris is the capital and largest city of France."),
+          ("Eiffel Tower", "The Eiffel Tower is a wrought-iron lattice tower in Paris, France."),
+          ("Berlin", "Berlin is the capital of Germany."),
+          ("Long passage", "A deliberately long passage about lattice towers. " * 60)]
+QUESTION = "what is the capital of france?"
+
+
+@pytest.fixture(scope="module")
+def search_run(tmp_path_factory):
+    """The driver's own preparation of configuration ``search`` on a tiny learning-data folder: ONE retriever
+    server of ours (``search_server``, as on the device), the runs' data and veRL's tool and loop files."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path_factory.mktemp("learning")
+    (data / "corpus.jsonl").write_text("".join(json.dumps({"id": str(i), "contents": f'"{title}"\n{text}'}) + "\n"
+                                              for i, (title, text) in enumerate(CORPUS)))
+    rows = [{"data_source": "nq", "prompt": prompt_messages(QUESTION), "ability": "fact-reasoning",
+             "reward_model": {"style": "rule", "ground_truth": {"target": ["Paris"]}},
+             "extra_info": {"split": "train", "index": 0, "uid": "nq-train-0"}}]
+    pq.write_table(pa.Table.from_pylist(rows), data / "train.parquet")
+    work = tmp_path_factory.mktemp("vs_peers")
+    args = argparse.Namespace(data=str(data), work_dir=str(work), warm_start=smollm2_dir(), configs=["search"],
+                              systems=["ours", "verl", "trl"])
+    cfg = bench.CONFIGS["search"]
+    with bench.search_server(args) as url:
+        inputs = bench.prepare_inputs("search", cfg, args, url)
+        run_dir = work / "search_verl"
+        run_dir.mkdir()
+        command = bench.verl_command(cfg, inputs, 5, run_dir, "search")
+        yield {"url": url, "inputs": inputs, "overrides": command[3:], "cfg": cfg}
+
+
+def test_the_driver_starts_one_retriever_only_when_a_system_searches(search_run, tmp_path):
+    only_trl = argparse.Namespace(data="/nowhere", work_dir=str(tmp_path), configs=["learning", "search"], systems=["trl"])
+    with bench.search_server(only_trl) as url:
+        assert url is None  # TRL cannot run `search`: no server, no index
+    assert search_run["url"].startswith("http://127.0.0.1:") and search_run["url"].endswith("/retrieve")
+    assert search_run["inputs"].retriever_url == search_run["url"]
+
+
+def test_our_search_run_passes_quickstarts_start_up_checks_on_the_drivers_server(search_run, tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import quickstart
+
+    inputs = search_run["inputs"]
+    cmd = bench.ours_command(search_run["cfg"], inputs, 5, tmp_path, "search")
+    files = [f"data.train_files={inputs.data_dir / 'train.parquet'}", f"data.val_files={inputs.data_dir / 'test.parquet'}"]
+    # what quickstart checks before anything slow: keys and types, start-up checks, data files, the model
+    config = quickstart.check_run([*files, *cmd[cmd.index("+recipe=search_r1_grpo"):]], user_model=True)
+    assert config.retriever.url == search_run["url"] and config.max_turns == 2
+    assert quickstart.retriever_answers(config.retriever.url)  # so quickstart uses it and starts no server
+
+
+def test_verl_rows_carry_the_tool_agent_loop_and_tools_kwargs(search_run):
+    import pyarrow.parquet as pq
+
+    row = pq.read_table(search_run["inputs"].data_dir / "verl_train.parquet").to_pylist()[0]
+    assert row["agent_name"] == bench.VERL_AGENT_LOOP and row["extra_info"]["need_tools_kwargs"] is True
+    assert row["extra_info"]["tools_kwargs"] == {"search": {"create_kwargs": {
+        "ground_truth": {"target": ["Paris"]}, "question": QUESTION, "data_source": "nq"}}}
+    assert row["extra_info"]["uid"] == "nq-train-0" and row["prompt"] == prompt_messages(QUESTION)
+    ours = pq.read_table(search_run["inputs"].data_dir / "train.parquet").to_pylist()[0]
+    assert "agent_name" not in ours and "tools_kwargs" not in ours["extra_info"]  # ours reads the rows unchanged
+
+
+# Run in a child process on veRL 0.9.1's own code: its tool loader, dataset, agent loop registry entry and
+# ToolAgentLoop; a scripted LLM answers in place of its vLLM server and keeps what each turn asked for.
+VERL_LOOP_CHECK = r'''
+import asyncio, json, sys
+from pathlib import Path
+import hydra
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+from transformers import AutoTokenizer
+
+spec = json.loads(Path(sys.argv[1]).read_text())
+with initialize_config_dir(config_dir=spec["config_dir"], version_base=None):
+    config = compose("ppo_trainer", spec["overrides"])
+OmegaConf.resolve(config)
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.experimental.agent_loop.tool_parser import ToolParser
+from verl.tools.tool_registry import load_all_tools
+from verl.utils.dataset.rl_dataset import RLHFDataset
+from verl.workers.rollout.replica import TokenOutput
+
+rollout = config.actor_rollout_ref.rollout
+tools = load_all_tools(rollout.multi_turn.tool_config_path, rollout.multi_turn.function_tool_path)  # as AgentLoopWorker
+tok = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
+row = dict(RLHFDataset(config.data.train_files, tok, config.data)[0])
+loop_config = next(c for c in OmegaConf.load(rollout.agent.agent_loop_config_path) if c.name == row["agent_name"])
+
+
+def ids(text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+class ScriptedLLM:
+    def __init__(self, turns):
+        self.turns, self.calls = turns, []
+
+    async def generate(self, *, request_id, prompt_ids, sampling_params, **_):
+        self.calls.append({"prompt_ids": list(prompt_ids), "params": dict(sampling_params)})
+        return TokenOutput(token_ids=ids(self.turns[len(self.calls) - 1]))
+
+
+async def rollout_of(turns):
+    llm = ScriptedLLM(turns)
+    loop = hydra.utils.instantiate(loop_config, trainer_config=DictConfigWrap(config), server_manager=llm,
+                                   tokenizer=tok, processor=None, dataset_cls=RLHFDataset,
+                                   data_config=DictConfigWrap(config.data), hf_model_type="llama",
+                                   tools=ToolListWrap(tools))
+    kwargs = {k: v for k, v in row.items() if k != "agent_name"}
+    out = await loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": False}, **kwargs)
+    sent = [c["prompt_ids"] for c in llm.calls]
+    appended = [tok.decode(b[len(a) + len(ids(t)):]) for a, b, t in zip(sent, sent[1:], turns)]
+    keys = ("stop", "max_tokens", "include_stop_str_in_output")
+    return {"params": [{k: c["params"].get(k) for k in keys} for c in llm.calls], "appended": appended,
+            "num_turns": out.num_turns, "response": tok.decode(out.response_ids, skip_special_tokens=True),
+            "mask": list(out.response_mask), "generated": sum(len(ids(t)) for t in turns[:len(llm.calls)])}
+
+
+async def main():
+    parser = ToolParser.get_tool_parser(rollout.multi_turn.format, tok)
+    parsed = {}
+    for text in spec["parse"]:
+        _, calls = await parser.extract_tool_calls(ids(text))
+        parsed[text] = [[c.name, json.loads(c.arguments)] for c in calls]
+    long = (await tools[0].execute("id", {"query": "deliberately long lattice passage"}))[0].text
+    return {"tools": [[t.name, type(t).__name__, t.url, t.topk, t.max_chars] for t in tools],
+            "tools_kwargs": row["tools_kwargs"], "parsed": parsed, "long": long,
+            "runs": [await rollout_of(turns) for turns in spec["runs"]]}
+
+
+print(json.dumps(asyncio.run(main())))
+'''
+PARSE = ["<think>x</think>\n<search> capital of France </search>", "<answer>Paris</answer>",
+         "<answer>a</answer><search>q</search>", "<search>   </search>", "<search>q"]
+RUNS = [["<think>need the capital</think>\n<search> capital of France </search>",
+         "<think>the tower too</think>\n<search>Eiffel Tower</search>", "<answer> Paris </answer>"],
+        ["<search>Berlin</search>", "<search>Paris</search>", "<search>a third search</search>", "never asked"]]
+
+
+@pytest.fixture(scope="module")
+def verl_site(tmp_path_factory) -> Path:
+    """veRL 0.9.1 unpacked from its wheel (code and configs), for a child process."""
+    if not VERL_WHEEL.exists():
+        pytest.skip(f"{VERL_WHEEL.name} {NO_WHEEL}")
+    if importlib.util.find_spec("orjson") is None:
+        pytest.skip("veRL's agent loop imports orjson (a veRL dependency, in its site on the device), not in this env")
+    out = tmp_path_factory.mktemp("verl091_site")
+    with zipfile.ZipFile(VERL_WHEEL) as wheel:
+        wheel.extractall(out)
+    return out
+
+
+def run_verl_loop_check(verl_site: Path, search_run: dict, tmp_path: Path) -> dict:
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"config_dir": str(verl_site / "verl" / "trainer" / "config"),
+                                "overrides": search_run["overrides"], "parse": PARSE, "runs": RUNS}))
+    script = tmp_path / "verl_loop_check.py"
+    script.write_text(VERL_LOOP_CHECK)
+    paths = [str(verl_site), str(bench.PEERS_DIR), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    out = subprocess.run([sys.executable, str(script), str(spec)], cwd=tmp_path, env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_verls_tool_agent_loop_searches_our_retriever_with_search_r1s_turns(verl_site, search_run, tmp_path):
+    cfg, got = search_run["cfg"], run_verl_loop_check(verl_site, search_run, tmp_path)
+    # veRL's own loader took our tool config: our server's URL, top-3, the character budget
+    assert got["tools"] == [["search", "RetrieverSearchTool", search_run["url"], 3, cfg.obs_chars]]
+    assert got["tools_kwargs"]["search"]["create_kwargs"]["question"] == QUESTION
+    assert got["long"].startswith('<information>Doc 1(Title: "Long passage")') and got["long"].endswith("</information>")
+    assert len(got["long"]) == cfg.obs_chars  # cut inside the passages, the closing tag kept
+    assert got["parsed"] == {PARSE[0]: [["search", {"query": "capital of France"}]], PARSE[1]: [], PARSE[2]: [],
+                             PARSE[3]: [], PARSE[4]: []}
+    answered, exhausted = got["runs"]
+    # every turn stops at Search-R1's tags (kept in the output) and after 320 tokens (or the row's budget left)
+    assert all(p["stop"] == ["</search>", "</answer>"] and p["include_stop_str_in_output"] for p in answered["params"])
+    assert [p["max_tokens"] for p in answered["params"]] == [320, 320, 320]
+    # each search's observation: our server's passages in a chat-template tool turn, masked out of the loss
+    assert len(answered["appended"]) == 2
+    assert all(a.startswith("<|im_start|>tool\n<information>Doc 1(Title: ")
+               and a.endswith("</information><|im_end|>\n<|im_start|>assistant\n") for a in answered["appended"])
+    assert "Paris is the capital and largest city of France." in answered["appended"][0]
+    assert "wrought-iron lattice tower" in answered["appended"][1]
+    assert answered["num_turns"] == 6 and sum(answered["mask"]) == answered["generated"]
+    # veRL's reward decodes without special tokens: the peers' EM reads it as ours does
+    assert em_reward.compute_score("nq", answered["response"], {"target": ["Paris"]}) == 1.0
+    assert compute_score_em(answered["response"], {"target": ["Paris"]}) == 1.0
+    # max_turns = 2: the third turn's search is not run and the row ends there (ours: the same rule)
+    assert len(exhausted["params"]) == 3 and len(exhausted["appended"]) == 2 and exhausted["num_turns"] == 6
+
+
+TRL_TOOLS_CHECK = r'''
+import sys
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+
+def search(query: str) -> str:
+    """Search a corpus.
+
+    Args:
+        query: the query
+    """
+    return ""
+
+
+config = GRPOConfig(output_dir=sys.argv[2], report_to=[], use_vllm=False, bf16=False, max_steps=1,
+                    per_device_train_batch_size=2, num_generations=2, max_tool_calling_iterations=2)
+data = Dataset.from_list([{"prompt": [{"role": "user", "content": "q"}]}] * 2)
+try:
+    GRPOTrainer(model=sys.argv[1], reward_funcs=lambda completions, **_: [0.0] * len(completions), args=config,
+                train_dataset=data, tools=[search])
+except ValueError as error:
+    print("refused:", error)
+'''
+
+
+def test_trl_116_refuses_tools_for_the_warm_starts_chat_template(tmp_path):
+    if not TRL_WHEEL.exists():
+        pytest.skip(f"{TRL_WHEEL.name} {NO_WHEEL}")
+    with zipfile.ZipFile(TRL_WHEEL) as wheel:  # TRL reads its chat templates from files: unpacked, not zipped
+        wheel.extractall(tmp_path / "trl")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "trl")}
+    out = subprocess.run([sys.executable, "-c", TRL_TOOLS_CHECK, smollm2_dir(), str(tmp_path / "out")], env=env,
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    # the warm start is SmolLM2 fine-tuned: the same chat template
+    assert "refused: The provided chat template does not support tool calling" in out.stdout
+    assert "supports_tool_calling" in bench.UNSUPPORTED["search", "trl"]
+
+
+def test_a_peer_that_cannot_run_a_configuration_is_recorded_with_the_reason(tmp_path):
+    args = bench.parse_args(["--warm_start", "/w", "--configs", "search", "--work_dir", str(tmp_path)])
+    deadline = 1e18  # the budget is no reason here
+    assert bench.skipped("search", "trl", deadline, args) == {"skipped": bench.UNSUPPORTED["search", "trl"],
+                                                             "unsupported": True}
+    assert bench.skipped("search", "verl", deadline, args) is None and bench.skipped("learning", "trl", deadline, args) is None
+    assert "budget" in bench.skipped("search", "ours", 0.0, args)["skipped"]
+    results = {"search": {"ours": {"median": {"step_s": 8.0}}, "verl": {"median": {"step_s": 16.0}},
+                          "trl": bench.skipped("search", "trl", deadline, args)}}
+    body = bench.report(results, args)
+    assert body["ratio_step_vs_verl"] == {"search": 2.0} and body["ratio_step_vs_trl"] == {}
+    assert body["ratio_absent"] == {"ratio_step_vs_trl": {"search": bench.UNSUPPORTED["search", "trl"]}}
+    assert body["configs"]["search"]["response_width"] == 1728 and body["configs"]["search"]["obs_chars"] == 1536
+    assert body["configs"]["search"]["retriever"]["topk"] == 3
