@@ -61,16 +61,10 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import learning_check  # noqa: E402  (its CPU sizes and the format reward)
 from gpu_generation import host_probe_ms  # noqa: E402
+from learning_report import CURVES, plot, report, side_by_side  # noqa: E402
 from verl.trainer.overrides import recipe_overrides  # noqa: E402
 
 SCRIPTS = {"grpo": "train_grpo.sh", "gae": "train_ppo.sh"}
-# What a curve point holds per training step (metric key -> label).
-CURVES = {"critic/score/mean": "training score", "reward_extra/em": "training EM", "reward_extra/f1": "training F1",
-          "response_length/mean": "response tokens", "env/number_of_valid_search": "searches / question",
-          "actor/entropy": "entropy", "actor/kl_loss": "KL (loss)", "actor/reward_kl_penalty": "KL (reward)",
-          "actor/ppo_kl": "KL (old policy)", "critic/advantages/max": "max advantage", "actor/llds_loss": "LLDS loss",
-          "health/broken_tags": "broken tags", "health/no_answer": "no answer", "health/think_words": "think words",
-          "health/lld/pos_logprob": "log-lik. of A > 0 responses", "health/alarm": "health alarm"}
 TIMINGS = ("gen", "tool", "reward", "old_log_prob", "ref", "values", "adv", "update_critic", "update_actor", "step")
 
 # Rollout as both training and evaluation see it: contexts fit 3 passages of 100 words per search.
@@ -94,7 +88,6 @@ VAL_BATCH = {"gpu": 1000, "cpu": 16}  # validation questions a generation call (
 EVAL = {"gpu": [f"data.val_batch_size={VAL_BATCH['gpu']}", "actor_rollout_ref.rollout.enforce_eager=true",
                 "actor_rollout_ref.rollout.gpu_memory_utilization=0.5"],
         "cpu": [f"data.val_batch_size={VAL_BATCH['cpu']}", "trainer.backend=local"]}
-PLOT_COLUMNS = 4  # panels a row in the run's PNG
 STOP_GRACE_S = 30.0  # what run_until allows a stopped child after SIGTERM: kept in the budget too
 
 
@@ -447,96 +440,6 @@ def write_result(result: dict, out_dir: Path, algo: str) -> None:
         plot(result, out_dir / f"learning_{algo}.png")
     except ImportError:
         print("matplotlib missing: no PNG", flush=True)
-
-
-def plot(result: dict, path: Path) -> None:
-    """Training curves and validation EM per source by step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    keys = [k for k in CURVES if any(k in r for r in result["curves"])]
-    # a grid of PLOT_COLUMNS panels a row, validation EM first: readable at the page's width
-    rows = -(-(len(keys) + 1) // PLOT_COLUMNS)
-    fig, grid = plt.subplots(rows, PLOT_COLUMNS, figsize=(4.0 * PLOT_COLUMNS, 3.0 * rows), squeeze=False)
-    axes = list(grid.flat)
-    for ax in axes[len(keys) + 1:]:
-        ax.set_visible(False)
-    steps = sorted(result["evaluations"], key=int)
-    ax = axes[0]
-    for source in (result["evaluations"][steps[0]]["table"]["sources"] if steps else []):
-        ax.plot([int(s) for s in steps], [result["evaluations"][s]["table"]["sources"][source]["em"] for s in steps],
-                marker="o", label=source)
-    if steps:
-        ax.plot([int(s) for s in steps], [result["evaluations"][s]["table"]["average"]["em"] for s in steps],
-                marker="s", color="black", label="average")
-        ax.legend(fontsize=7)
-    ax.set_title(f"validation EM ({result['label']})")
-    ax.set_xlabel("step")
-    for ax, key in zip(axes[1:], keys):
-        ax.plot([r["step"] for r in result["curves"] if key in r], [r[key] for r in result["curves"] if key in r])
-        ax.set_title(CURVES[key])
-        ax.set_xlabel("step")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-
-
-def report(paths: list[str]) -> str:
-    """Markdown: each run's evaluation tables by step, then the runs side by side (Search-R1 Table 3)."""
-    from verl.trainer.evaluation.report import ordered_sources, to_markdown
-
-    runs = [json.loads(Path(p).read_text()) for p in paths]
-    parts = []
-    for run in runs:
-        parts.append(f"### {run['algorithm']}: {run['steps']} steps ({run['date']}, commit {run['commit'][:10]})")
-        for step, evaluation in sorted(run["evaluations"].items(), key=lambda kv: int(kv[0])):
-            parts.append(f"\nStep {step}:\n\n{to_markdown(evaluation['table'])}")
-        times = ", ".join(f"{k} {v:.1f} s" for k, v in run["step_time_s"].items())
-        parts.append(f"\nMedian step time split: {times}. Goal: {json.dumps(run['goal'])}\n")
-    finals = [(r.get("label", r["algorithm"]), r["evaluations"][max(r["evaluations"], key=int)]["table"])
-              for r in runs if r["evaluations"]]
-    sources = ordered_sources({s for _, t in finals for s in t["sources"]})
-    head = "| source | " + " | ".join(f"{a} (final)" for a, _ in finals) + " |"
-    lines = [head, "|---" * (len(finals) + 1) + "|"]
-    for source in sources:
-        cells = [f"{t['sources'][source]['em']:.3f}" if source in t["sources"] else "" for _, t in finals]
-        lines.append(f"| {source} | " + " | ".join(cells) + " |")
-    lines.append("| **average** | " + " | ".join(f"**{t['average']['em']:.3f}**" for _, t in finals) + " |")
-    return "\n".join(parts) + "\n\n" + "\n".join(lines)
-
-
-def side_by_side(paths: list[str]) -> dict:
-    """Runs' JSONs side by side (issue 29's ``recipes_learning.json``): per run and evaluation step the
-    EM by source, the seven-source average with its 95% interval, F1, cover-EM and searches per
-    question; then every run against the first at each step both evaluated and at each run's last
-    evaluation (``"final"``, with the two steps: runs cut by a time budget end a step or two apart),
-    each a paired bootstrap over the same questions (:func:`verl.trainer.evaluation.report.compare`)."""
-    from verl.trainer.evaluation.report import compare
-
-    runs = [json.loads(Path(p).read_text()) for p in paths]
-    labels = [r.get("label", r["algorithm"]) for r in runs]
-
-    def brief(table: dict) -> dict:
-        return {"em": {s: row["em"] for s, row in table["sources"].items()},
-                "searches": {s: row.get("searches") for s, row in table["sources"].items()},
-                **{k: table["average"].get(k) for k in ("em", "em_ci", "f1", "cover_em")}}
-
-    out = {"runs": {label: {"file": path, "steps": r["steps"], "status": r.get("status", "complete"),
-                            "commit": r["commit"], "date": r["date"], "step_time_s": r["step_time_s"].get("step"),
-                            "evaluations": {s: brief(e["table"]) for s, e in sorted(r["evaluations"].items(),
-                                                                                   key=lambda kv: int(kv[0]))}}
-                    for label, path, r in zip(labels, paths, runs)}, "against": labels[0], "comparisons": {}}
-    for label, run in zip(labels[1:], runs[1:]):
-        common = sorted(set(runs[0]["evaluations"]) & set(run["evaluations"]), key=int)
-        pairs = {s: (s, s) for s in common}
-        pairs["final"] = (max(runs[0]["evaluations"], key=int), max(run["evaluations"], key=int))
-        out["comparisons"][label] = {
-            key: {**compare(runs[0]["evaluations"][a]["table"], run["evaluations"][b]["table"])["average"],
-                  "steps": [int(a), int(b)]}
-            for key, (a, b) in pairs.items()}
-    return out
 
 
 def parse_args(argv=None) -> argparse.Namespace:

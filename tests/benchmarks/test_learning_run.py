@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHARED = Path(os.environ.get("SEARCH_R1_SHARED_DATA", ROOT.parent / "shared" / "data"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import learning_report  # noqa: E402
 import learning_run  # noqa: E402
 
 from verl.trainer.main_ppo import parse_config  # noqa: E402
@@ -142,7 +143,7 @@ def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, ca
     assert result["calls"][2]["steps"] == [1, 2] and "train_ppo.sh" in result["train_command"]
     assert not run.export(1).parent.exists() and run.export(2).exists()  # pruned: only the latest stays
     assert (tmp_path / "out" / "learning_gae.png").stat().st_size > 0
-    text = learning_run.report([str(tmp_path / "out" / "learning_gae.json")])
+    text = learning_report.report([str(tmp_path / "out" / "learning_gae.json")])
     assert "Step 2:" in text and "| **average** |" in text
 
     run.evaluation(2).unlink()  # a result lost: step 2 is due again, but cannot fit in this call
@@ -216,7 +217,7 @@ def test_side_by_side_pairs_common_steps_and_each_runs_last_evaluation():
     they are, and ``final`` pairs each run's last evaluation, naming both steps."""
     results = ROOT / "benchmarks" / "results"
     paths = [str(results / "learning_grpo.json"), str(results / "learning_grpo+llds.json")]
-    out = learning_run.side_by_side(paths)
+    out = learning_report.side_by_side(paths)
     assert out["against"] == "grpo" and sorted(out["runs"]) == ["grpo", "grpo+llds"]
     pairs = out["comparisons"]["grpo+llds"]
     assert sorted(pairs) == ["0", "50", "final"] and pairs["final"]["steps"] == [100, 99]
