@@ -93,7 +93,8 @@ def side_by_side(paths: list[str]) -> dict:
     def brief(table: dict) -> dict:
         return {"em": {s: row["em"] for s, row in table["sources"].items()},
                 "searches": {s: row.get("searches") for s, row in table["sources"].items()},
-                **{k: table["average"].get(k) for k in ("em", "em_ci", "f1", "cover_em")}}
+                **{k: table["average"][k] for k in ("em", "em_ci", "f1", "cover_em", "retrieved", "em_when_retrieved")
+                   if k in table["average"]}}
 
     out = {"runs": {label: {"file": path, "steps": r["steps"], "status": r.get("status", "complete"),
                             "commit": r["commit"], "date": r["date"], "step_time_s": r["step_time_s"].get("step"),

@@ -49,6 +49,19 @@ def test_table_shows_f1_and_cover_em_beside_em_when_records_carry_them():
     assert "f1" not in without["average"] and "F1" not in report.to_markdown(without)
 
 
+def test_retrieved_and_em_when_retrieved_separate_search_misses_from_reading_misses():
+    records = _records("nq", [1, 0, 0, 1]) + _records("musique", [0, 1])
+    for record, retrieved in zip(records, [1, 1, 0, 0, 0, 0]):
+        record["retrieved"] = retrieved
+    table = report.summarise(records, format_reward=False, num_resamples=50)
+    nq, musique = table["sources"]["nq"], table["sources"]["musique"]
+    assert nq["retrieved"] == 0.5 and nq["em_when_retrieved"] == 0.5  # one right of the two found
+    assert musique["retrieved"] == 0.0 and musique["em_when_retrieved"] is None  # nothing found to read
+    assert table["average"]["retrieved"] == 0.25 and table["average"]["em_when_retrieved"] == 0.5
+    text = report.to_markdown(table)
+    assert "| retrieved | EM when retrieved |" in text and "| musique | 2 | 0.500 | " in text and " | 0.000 | - |" in text
+
+
 def test_intervals_do_not_depend_on_the_other_sources():
     nq = _records("nq", [1, 0, 1, 1, 0, 0, 1])
     alone = report.summarise(nq, False, num_resamples=300)["sources"]["nq"]["em_ci"]

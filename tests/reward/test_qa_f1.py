@@ -57,13 +57,18 @@ def test_f1_plus_penalises_missing_search_and_missing_answer():
                                    GT, **kw) == pytest.approx(0.9)
 
 
-def test_f1_style_scores_and_reports_em_f1_cover_em():
+def test_f1_style_scores_and_reports_em_f1_cover_em_retrieved():
     env_cfg = QARewardConfig(style="f1", no_answer_penalty=0.1, no_search_penalty=0.1)
     out = reward.compute_score("nq", "<answer>It was The Beatles</answer>", GT, **env_cfg.score_kwargs())
     f1 = answers.f1_score("It was The Beatles", GT)
-    assert out == {"score": pytest.approx(f1 - 0.1), "em": 0.0, "f1": pytest.approx(f1), "cover_em": 1.0}
+    assert out == {"score": pytest.approx(f1 - 0.1), "em": 0.0, "f1": pytest.approx(f1), "cover_em": 1.0,
+                   "retrieved": 0.0}
     em_out = reward.compute_score("nq", SEARCHED + "<answer>beatles</answer>", GT, **QARewardConfig().score_kwargs())
-    assert em_out == {"score": 1.0, "em": 1.0, "f1": 1.0, "cover_em": 1.0}
+    assert em_out == {"score": 1.0, "em": 1.0, "f1": 1.0, "cover_em": 1.0, "retrieved": 0.0}
+    # retrieved: a gold answer in an observation, whatever the answer says (a reading miss)
+    found = "<search>q</search><information>Doc 1(Title: Band) The Beatles were a band.</information><answer>x</answer>"
+    assert reward.compute_score("nq", found, GT)["retrieved"] == 1.0
+    assert reward.compute_score("nq", "<answer>The Beatles</answer>", GT)["retrieved"] == 0.0
 
 
 def test_f1_config_errors_name_the_key():

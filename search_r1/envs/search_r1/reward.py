@@ -6,16 +6,18 @@ prompt + response and skipped the first match (the prompt's ``<answer> Beijing <
 here callers pass the response only, so every match counts and the last one wins. Text the loop
 wrote (``<information>`` blocks, the invalid-action message) is not the model's and is ignored.
 
-Every score comes with the answer's exact match (``em``), token F1 (``f1``) and cover-EM
-(``cover_em``: a gold answer contained in the answer) as per-row extras: the evaluation table and
-the ``reward_extra/*`` metrics show them whichever reward trains.
+Every score comes with the answer's exact match (``em``), token F1 (``f1``), cover-EM
+(``cover_em``: a gold answer contained in the answer) and ``retrieved`` (a gold answer occurs in an
+``<information>`` block: the search found it, whatever the answer) as per-row extras: the evaluation
+table and the ``reward_extra/*`` metrics show them whichever reward trains. ``retrieved`` beside
+``em`` separates a retrieval miss from a reading miss.
 """
 
 from __future__ import annotations
 
 from search_r1.envs.search_r1 import reward_format
 from search_r1.envs.search_r1.parsing import count_searches, extract_solution
-from search_r1.qa.answers import QA_DATA_SOURCES, cover_em_check, em_check, f1_score, score_answer
+from search_r1.qa.answers import QA_DATA_SOURCES, any_in, cover_em_check, em_check, f1_score, score_answer
 
 _FORMAT_KEYS = ("structure_format_score", "final_format_score", "retrieval_score")
 
@@ -81,7 +83,8 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=
         **kwargs: score knobs named above, and ``action_prefix`` (the tag a forced prompt prefix
             opened; ``solution_str`` starts with it): the format check then starts inside it.
     Returns:
-        ``{"score": reward, "em", "f1", "cover_em"}`` (:func:`answer_matches`).
+        ``{"score": reward, "em", "f1", "cover_em"}`` (:func:`answer_matches`) and ``retrieved``
+        (1.0 when a gold answer occurs in one of the response's ``<information>`` blocks).
     Raises:
         NotImplementedError: ``data_source`` is not a QA set.
     """
@@ -97,4 +100,5 @@ def compute_score(data_source: str, solution_str: str, ground_truth, extra_info=
     else:
         plain = {key: kwargs[key] for key in ("format_score", "score") if key in kwargs}  # EM needs no prefix rule
         score = compute_score_em(solution_str, ground_truth, **plain)
-    return {"score": score, **answer_matches(solution_str, ground_truth)}
+    retrieved = any_in(ground_truth, reward_format.information_blocks(solution_str))
+    return {"score": score, **answer_matches(solution_str, ground_truth), "retrieved": float(retrieved)}

@@ -6,8 +6,11 @@ JSON-able dict (``sources``, ``average``, ``pooled``, ``questions``) and its Mar
 Sources are listed in Search-R1 Table 2's order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue,
 Bamboogle), others after them by name. ``average`` is that table's "Avg.": the mean of the
 per-source EMs, every source weighted equally; ``pooled`` is the plain mean over all questions.
-F1 (SQuAD token F1) and cover-EM (a gold answer contained in the normalised answer) are shown when
-the records carry them (``f1``, ``cover_em``: the QA rewards report both), averaged the same way.
+F1 (SQuAD token F1), cover-EM (a gold answer contained in the normalised answer) and retrieved (a
+gold answer occurs in a search's observation) are shown when the records carry them (``f1``,
+``cover_em``, ``retrieved``: the QA rewards report them), averaged the same way; with ``retrieved``
+comes ``em_when_retrieved``, the EM of the questions whose searches found a gold answer: what the
+policy reads right when the retriever did its part (None for a source with no such question).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ def _seed(source: str, seed: int) -> int:
 
 
 # Answer matches shown beside EM when every record has them: record key -> column title.
-SECONDARY = {"f1": "F1", "cover_em": "cover-EM"}
+SECONDARY = {"f1": "F1", "cover_em": "cover-EM", "retrieved": "retrieved", "em_when_retrieved": "EM when retrieved"}
 
 
 def row_em(record: dict) -> float:
@@ -58,13 +61,15 @@ def summarise(records: list[dict], format_reward: bool, num_resamples: int = sta
 
     Args:
         records: dicts with ``data_source``, ``question``, ``em`` (or ``score``), ``score``,
-            ``valid_search``, ``response_tokens``, ``answer``, and optionally ``f1``, ``cover_em``.
+            ``valid_search``, ``response_tokens``, ``answer``, and optionally ``f1``, ``cover_em``,
+            ``retrieved``.
         format_reward: the format reward is on; the table then shows the mean reward (``score``).
     Returns:
         ``{"sources": {source: {count, em, em_ci, searches, response_tokens, answered[, score][, f1,
-        cover_em]}}, "average": {em, em_ci, definition, num_sources[, f1, cover_em]}, "pooled": {count,
-        em}, "questions": [[source, question key, em], ...], "format_reward", "confidence",
-        "num_resamples"}`` (``f1``/``cover_em`` when every record has them).
+        cover_em, retrieved, em_when_retrieved]}}, "average": {em, em_ci, definition, num_sources[, f1,
+        cover_em, retrieved, em_when_retrieved]}, "pooled": {count, em}, "questions": [[source,
+        question key, em], ...], "format_reward", "confidence", "num_resamples"}`` (each of ``f1``,
+        ``cover_em``, ``retrieved`` when every record has it; ``em_when_retrieved`` with ``retrieved``).
     Raises:
         ValueError: no records.
     """
@@ -74,6 +79,8 @@ def summarise(records: list[dict], format_reward: bool, num_resamples: int = sta
     for record in records:
         by_source[str(record["data_source"])].append(record)
     secondary = [key for key in SECONDARY if all(key in r for r in records)]
+    if "retrieved" in secondary:
+        secondary.append("em_when_retrieved")
     sources = {name: _source_row(by_source[name], format_reward, num_resamples, confidence, _seed(name, seed),
                                  secondary)
                for name in ordered_sources(by_source)}
@@ -82,7 +89,8 @@ def summarise(records: list[dict], format_reward: bool, num_resamples: int = sta
                "em_ci": list(stats.average_interval(groups, num_resamples, confidence, seed)),
                "num_sources": len(groups), "definition": AVERAGE_DEFINITION}
     for key in secondary:
-        average[key] = float(np.mean([row[key] for row in sources.values()]))
+        values = [row[key] for row in sources.values() if row[key] is not None]
+        average[key] = float(np.mean(values)) if values else None
     if format_reward:
         average["score"] = float(np.mean([row["score"] for row in sources.values()]))
     return {"sources": sources, "average": average,
@@ -96,13 +104,20 @@ def _source_row(rows: list[dict], format_reward: bool, num_resamples: int, confi
     ems = [row_em(r) for r in rows]
     row = {"count": len(rows), "em": float(np.mean(ems)),
            "em_ci": list(stats.mean_interval(ems, num_resamples, confidence, seed)),
-           **{key: float(np.mean([float(r[key]) for r in rows])) for key in secondary},
+           **{key: float(np.mean([float(r[key]) for r in rows])) for key in secondary if key != "em_when_retrieved"},
            "searches": float(np.mean([r.get("valid_search", 0) for r in rows])),
            "response_tokens": float(np.mean([r.get("response_tokens", 0) for r in rows])),
            "answered": float(np.mean([r.get("answer") is not None for r in rows]))}
+    if "em_when_retrieved" in secondary:
+        found = [row_em(r) for r in rows if r["retrieved"]]
+        row["em_when_retrieved"] = float(np.mean(found)) if found else None
     if format_reward:
         row["score"] = float(np.mean([r["score"] for r in rows]))
     return row
+
+
+def _number(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def _interval(ci) -> str:
@@ -120,12 +135,12 @@ def to_markdown(report: dict) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, row in report["sources"].items():
         cells = [name, str(row["count"]), f"{row['em']:.3f}", _interval(row["em_ci"])]
-        cells += [f"{row[k]:.3f}" for k in secondary]
+        cells += [_number(row[k]) for k in secondary]
         cells += [f"{row['score']:.3f}"] if score else []
         cells += [f"{row['searches']:.2f}", f"{row['response_tokens']:.1f}", f"{row['answered']:.2f}"]
         lines.append("| " + " | ".join(cells) + " |")
     cells = [f"**average** ({avg['num_sources']} sources)", str(report["pooled"]["count"]), f"**{avg['em']:.3f}**",
-             _interval(avg["em_ci"])] + [f"{avg[k]:.3f}" for k in secondary] + (
+             _interval(avg["em_ci"])] + [_number(avg[k]) for k in secondary] + (
         [f"{avg['score']:.3f}"] if score else []) + ["", "", ""]
     lines.append("| " + " | ".join(cells) + " |")
     lines.append("")

@@ -163,7 +163,8 @@ def compute_validation_metrics(data_sources: list[str], scores: list[float],
 
     ``val/test_score/<data_source>`` and ``val/test_score/all``: mean reward per row;
     ``val/test_<name>/*`` the same for each per-row answer match in ``matches`` (``em``: exact
-    match, ``f1``: token F1, ``cover_em``: gold contained in the answer);
+    match, ``f1``: token F1, ``cover_em``: gold contained in the answer, ``retrieved``: gold in an
+    observation);
     ``val/env/*``: :func:`env_metrics` over all rows. How the rows were batched does not matter.
 
     Args:

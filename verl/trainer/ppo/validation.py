@@ -4,8 +4,9 @@ One record per question (the row's data source, uid, question, gold answers, pro
 trajectory, extracted answer, EM, F1, cover-EM, reward, turns, searches, token counts) is collected
 batch after batch; every ``val/*`` figure is then a statistic over those records, so uneven batches
 (101 rows as 50 + 50 + 1) weigh each question once. Reports ``val/test_score/<data_source>`` (the
-reward), ``val/test_em/<data_source>``, ``val/test_f1/*`` and ``val/test_cover_em/*`` (the answer
-matches, when the reward manager reports them) and the search statistics ``val/env/*``; optionally
+reward), ``val/test_em/<data_source>``, ``val/test_f1/*``, ``val/test_cover_em/*`` and
+``val/test_retrieved/*`` (the answer matches and whether a search found a gold answer, when the
+reward manager reports them) and the search statistics ``val/env/*``; optionally
 writes the records as ``<validation_data_dir>/<global_step>.jsonl``, the per-question file that ``evaluate.sh`` (``verl.trainer.main_eval``) summarises, and a report of
 them beside it (the environment's trajectory report, ``<global_step>.html``).
 """
@@ -89,7 +90,7 @@ class TurnBar:
 
 
 # Per-row answer matches the environment's reward may report, each a val/test_<name>/* figure.
-MATCH_KEYS = ("em", "f1", "cover_em")
+MATCH_KEYS = ("em", "f1", "cover_em", "retrieved")
 
 
 def validation_metrics(records: list[dict], env=None) -> dict[str, float]:
