@@ -1,7 +1,8 @@
-"""benchmarks/vs_peers_gpu.py (issue 27): each system's command is a configuration that system accepts,
-the peers' reward scores as ours, each system's per-step records summarise into the right medians and
-ratios, and each child sees only its own site. The veRL and TRL checks read the wheels that
-benchmarks/device/peer_wheels.sh downloads into .whl-peers/ (not in a clean clone: they skip there).
+"""benchmarks/vs_peers_gpu.py (issue 27) and its commands (benchmarks/peers/commands.py): each system's
+command is a configuration that system accepts, the peers' reward scores as ours, each system's per-step
+records summarise into the right medians and ratios, and each child sees only its own site. The veRL and
+TRL checks read the wheels that benchmarks/device/peer_wheels.sh downloads into .whl-peers/ (not in a clean
+clone: they skip there).
 
 Configuration ``search`` (multi-turn): our command passes our config check at the learning recipe's
 rollout; veRL's own code (unpacked from its 0.9.1 wheel, in a child process) loads our tool config, runs its
@@ -27,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))
 
+import commands  # noqa: E402
 import em_reward  # noqa: E402
 import trl_gpu_run  # noqa: E402
 import vs_peers_gpu as bench  # noqa: E402
@@ -41,7 +43,7 @@ VERL_WHEEL = ROOT / ".whl-peers" / "verl" / "verl-0.9.1-py3-none-any.whl"
 TRL_WHEEL = ROOT / ".whl-peers" / "trl" / "trl-1.16.0-py3-none-any.whl"
 NO_WHEEL = "not in .whl-peers/ (bash benchmarks/device/peer_wheels.sh downloads it; a clean clone has none)"
 URL = "http://127.0.0.1:8123/retrieve"
-INPUTS = bench.Inputs("/models/policy", Path("/data/vs_peers"), Path("/data/vs_peers/trl_questions.jsonl"), URL)
+INPUTS = commands.Inputs("/models/policy", Path("/data/vs_peers"), Path("/data/vs_peers/trl_questions.jsonl"), URL)
 SINGLE_TURN = sorted(name for name, cfg in bench.CONFIGS.items() if not cfg.max_turns)
 TRL_RUNS = sorted(name for name in bench.CONFIGS if (name, "trl") not in bench.UNSUPPORTED)
 
@@ -49,7 +51,7 @@ TRL_RUNS = sorted(name for name in bench.CONFIGS if (name, "trl") not in bench.U
 @pytest.mark.parametrize("name", SINGLE_TURN)
 def test_our_command_passes_our_config_check_single_turn(name, tmp_path):
     cfg = bench.CONFIGS[name]
-    cmd = bench.ours_command(cfg, INPUTS, 5, tmp_path, name)
+    cmd = commands.ours_command(cfg, INPUTS, 5, tmp_path, name)
     assert cmd[1].endswith("scripts/quickstart.py") and "--no-retriever" in cmd
     config = parse_config(cmd[cmd.index("+recipe=search_r1_grpo"):])
     assert config.max_turns == 0 and config.do_search is False
@@ -62,18 +64,18 @@ def test_our_command_passes_our_config_check_single_turn(name, tmp_path):
 
 def test_our_search_command_passes_our_config_check_at_the_learning_recipes_rollout(tmp_path):
     cfg = bench.CONFIGS["search"]
-    cmd = bench.ours_command(cfg, INPUTS, 5, tmp_path, "search")
+    cmd = commands.ours_command(cfg, INPUTS, 5, tmp_path, "search")
     assert "--no-retriever" not in cmd  # the driver's server answers at the URL
     config = parse_config(cmd[cmd.index("+recipe=search_r1_grpo"):])
     assert config.max_turns == cfg.max_turns == 2 and config.do_search is True
-    assert config.retriever.url == URL and config.retriever.topk == bench.RETRIEVER_TOPK == 3
+    assert config.retriever.url == URL and config.retriever.topk == commands.RETRIEVER_TOPK == 3
     assert config.data.max_start_length == 320 and config.data.max_response_length == 320
     assert config.data.max_obs_length == 384 and config.data.max_prompt_length == 2048
     assert response_width(config) == cfg.response_width == 1728  # our run plan's trajectory width
     assert config.data.train_batch_size == 64 and config.actor_rollout_ref.rollout.n == 8
     assert config.actor_rollout_ref.actor.use_kl_loss and config.reward_model.style == "em"
     with pytest.raises(ValueError, match="retriever server's URL"):
-        bench.ours_command(cfg, bench.Inputs("/m", Path("/d"), Path("/q")), 5, tmp_path, "search")
+        commands.ours_command(cfg, commands.Inputs("/m", Path("/d"), Path("/q")), 5, tmp_path, "search")
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,7 @@ def compose_verl(config_dir: Path, overrides: list[str]):
 @pytest.mark.parametrize("trainer", ["v1", "v0"])
 def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, name, trainer, tmp_path):
     cfg = bench.CONFIGS[name]
-    config = compose_verl(verl_config_dir, bench.verl_overrides(cfg, INPUTS, 5, tmp_path, name, trainer))
+    config = compose_verl(verl_config_dir, commands.verl_overrides(cfg, INPUTS, 5, tmp_path, name, trainer))
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert config.data.train_batch_size == cfg.prompts == actor.ppo_mini_batch_size and rollout.n == cfg.n
     assert rollout.response_length == cfg.response_width and rollout.gpu_memory_utilization == cfg.gpu_memory_utilization
@@ -114,17 +116,20 @@ def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, na
 
 def test_verl_search_overrides_set_its_tool_agent_loop(verl_config_dir, tmp_path):
     cfg = bench.CONFIGS["search"]
-    config = compose_verl(verl_config_dir, bench.verl_overrides(cfg, INPUTS, 5, tmp_path, "search"))
+    config = compose_verl(verl_config_dir, commands.verl_overrides(cfg, INPUTS, 5, tmp_path, "search"))
     rollout = config.actor_rollout_ref.rollout
     turns, agent = rollout.multi_turn, rollout.agent
     assert turns.enable and turns.max_user_turns == 2 and turns.max_assistant_turns == 3 and turns.max_parallel_calls == 1
-    assert turns.format == bench.VERL_TOOL_PARSER and turns.tool_config_path == str(tmp_path / bench.VERL_TOOL_YAML)
-    assert turns.max_tool_response_length == 384 * bench.CHARS_PER_TOKEN and turns.tool_response_truncate_side == "right"
-    assert agent.default_agent_loop == bench.VERL_AGENT_LOOP and agent.agent_loop_config_path == str(tmp_path / bench.VERL_LOOP_YAML)
+    assert turns.format == commands.VERL_TOOL_PARSER
+    assert turns.tool_config_path == str(tmp_path / commands.VERL_TOOL_YAML)
+    assert turns.max_tool_response_length == 384 * commands.CHARS_PER_TOKEN and turns.tool_response_truncate_side == "right"
+    assert agent.default_agent_loop == commands.VERL_AGENT_LOOP
+    assert agent.agent_loop_config_path == str(tmp_path / commands.VERL_LOOP_YAML)
     # the prompt as ours' start, the engine's context as ours' (prompt + the whole row)
     assert rollout.prompt_length == 320 and rollout.prompt_length + rollout.response_length == 2048
     assert config.data.train_files == str(INPUTS.data_dir / "verl_train.parquet")
-    single = compose_verl(verl_config_dir, bench.verl_overrides(bench.CONFIGS["learning"], INPUTS, 5, tmp_path, "learning"))
+    single = compose_verl(verl_config_dir,
+                          commands.verl_overrides(bench.CONFIGS["learning"], INPUTS, 5, tmp_path, "learning"))
     assert not single.actor_rollout_ref.rollout.multi_turn.enable
     assert single.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
 
@@ -132,7 +137,7 @@ def test_verl_search_overrides_set_its_tool_agent_loop(verl_config_dir, tmp_path
 def test_a_misspelt_verl_key_is_refused(verl_config_dir, tmp_path):
     from hydra.errors import ConfigCompositionException
 
-    overrides = bench.verl_overrides(bench.CONFIGS["learning"], INPUTS, 5, tmp_path, "learning")
+    overrides = commands.verl_overrides(bench.CONFIGS["learning"], INPUTS, 5, tmp_path, "learning")
     with pytest.raises(ConfigCompositionException, match="ppo_max_tokens_len_per_gpu"):
         compose_verl(verl_config_dir, [*overrides, "actor_rollout_ref.actor.ppo_max_tokens_len_per_gpu=1"])
 
@@ -228,7 +233,7 @@ def test_trl_runner_builds_a_grpo_config_at_gpu_settings(name, tmp_path):
     if not TRL_WHEEL.exists():
         pytest.skip(f"{TRL_WHEEL.name} {NO_WHEEL}")
     cfg = bench.CONFIGS[name]
-    argv = bench.trl_command(cfg, INPUTS, 5, tmp_path, name)[2:]
+    argv = commands.trl_command(cfg, INPUTS, 5, tmp_path, name)[2:]
     # TrainingArguments refuses bf16 without a GPU: the check is lifted here, the rest is TRL's own
     script = ("import json, sys; import transformers.training_args as t; t.is_torch_bf16_gpu_available = lambda: True; "
               "import trl_gpu_run as r; c = r.grpo_config(r.parse_args(sys.argv[1:])); "
@@ -250,14 +255,15 @@ def test_trl_runner_builds_a_grpo_config_at_gpu_settings(name, tmp_path):
 def test_each_child_sees_its_own_site_only(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"/tmp/site:{ROOT}")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    verl = bench.child_env("verl", tmp_path)
+    verl = commands.child_env("verl", tmp_path)
     assert verl["PYTHONPATH"] == "/tmp/site-verl:/tmp/site" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in verl
     # multi-turn: veRL's workers import the search tool, parser and loop from benchmarks/peers
-    assert bench.child_env("verl", tmp_path, tools=True)["PYTHONPATH"] == f"/tmp/site-verl:/tmp/site:{bench.PEERS_DIR}"
-    assert bench.child_env("trl", tmp_path, tools=True)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
+    verl_tools = commands.child_env("verl", tmp_path, tools=True)
+    assert verl_tools["PYTHONPATH"] == f"/tmp/site-verl:/tmp/site:{commands.PEERS_DIR}"
+    assert commands.child_env("trl", tmp_path, tools=True)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
     assert verl["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "verl_metrics.jsonl")
-    assert bench.child_env("trl", tmp_path)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
-    ours = bench.child_env("ours", tmp_path)
+    assert commands.child_env("trl", tmp_path)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
+    ours = commands.child_env("ours", tmp_path)
     assert ours["PYTHONPATH"] == f"/tmp/site:{ROOT}" and ours["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
@@ -291,7 +297,7 @@ def search_run(tmp_path_factory):
         inputs = bench.prepare_inputs("search", cfg, args, url)
         run_dir = work / "search_verl"
         run_dir.mkdir()
-        command = bench.verl_command(cfg, inputs, 5, run_dir, "search")
+        command = commands.verl_command(cfg, inputs, 5, run_dir, "search")
         yield {"url": url, "inputs": inputs, "overrides": command[3:], "cfg": cfg}
 
 
@@ -308,7 +314,7 @@ def test_our_search_run_passes_quickstarts_start_up_checks_on_the_drivers_server
     import quickstart
 
     inputs = search_run["inputs"]
-    cmd = bench.ours_command(search_run["cfg"], inputs, 5, tmp_path, "search")
+    cmd = commands.ours_command(search_run["cfg"], inputs, 5, tmp_path, "search")
     files = [f"data.train_files={inputs.data_dir / 'train.parquet'}", f"data.val_files={inputs.data_dir / 'test.parquet'}"]
     # what quickstart checks before anything slow: keys and types, start-up checks, data files, the model
     config = quickstart.check_run([*files, *cmd[cmd.index("+recipe=search_r1_grpo"):]], user_model=True)
@@ -320,7 +326,7 @@ def test_verl_rows_carry_the_tool_agent_loop_and_tools_kwargs(search_run):
     import pyarrow.parquet as pq
 
     row = pq.read_table(search_run["inputs"].data_dir / "verl_train.parquet").to_pylist()[0]
-    assert row["agent_name"] == bench.VERL_AGENT_LOOP and row["extra_info"]["need_tools_kwargs"] is True
+    assert row["agent_name"] == commands.VERL_AGENT_LOOP and row["extra_info"]["need_tools_kwargs"] is True
     assert row["extra_info"]["tools_kwargs"] == {"search": {"create_kwargs": {
         "ground_truth": {"target": ["Paris"]}, "question": QUESTION, "data_source": "nq"}}}
     assert row["extra_info"]["uid"] == "nq-train-0" and row["prompt"] == prompt_messages(QUESTION)
@@ -424,7 +430,7 @@ def run_verl_loop_check(verl_site: Path, search_run: dict, tmp_path: Path) -> di
                                 "overrides": search_run["overrides"], "parse": PARSE, "runs": RUNS}))
     script = tmp_path / "verl_loop_check.py"
     script.write_text(VERL_LOOP_CHECK)
-    paths = [str(verl_site), str(bench.PEERS_DIR), os.environ.get("PYTHONPATH", "")]
+    paths = [str(verl_site), str(commands.PEERS_DIR), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p), "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     out = subprocess.run([sys.executable, str(script), str(spec)], cwd=tmp_path, env=env, capture_output=True,
                          text=True, timeout=300)
