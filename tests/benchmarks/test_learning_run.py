@@ -63,6 +63,13 @@ def test_extra_recipes_search_r1pp_and_llds_pass_the_start_up_check(tmp_path):
                                       "actor_rollout_ref.actor.ppo_mini_batch_size=32"])
     cfg = parse_config([*grpo, *learning_run.train_overrides(halves, learning_run.Run(tmp_path, halves.label))])
     assert cfg.actor_rollout_ref.actor.llds.coef == 0.2 and cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 32
+    # PPO (GAE + critic) with the one-step off-policy recipe: the next device run of issue 33
+    ppo = learning_run.parse_args(["--algo", "gae", "--recipes", "one_step_off_policy", "--work_dir", str(tmp_path)])
+    cfg = parse_config(["algorithm.adv_estimator=gae", "algorithm.use_kl_in_reward=true", "trainer.n_gpus_per_node=1",
+                        *learning_run.train_overrides(ppo, learning_run.Run(tmp_path, ppo.label))])
+    plan = make_run_plan(cfg, 1)
+    assert ppo.label == "gae+one_step_off_policy" and cfg.actor_rollout_ref.rollout.staleness == 1
+    assert plan.needs_critic and not plan.on_policy_update
 
 
 def test_gpu_profile_is_the_learning_recipe(tmp_path):
