@@ -42,8 +42,9 @@ def _error_line(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-def test_embedded_default_end_to_end(embedded_evaluation):
+def test_embedded_default_end_to_end(embedded_evaluation, monkeypatch):
     result, out, url = embedded_evaluation
+    monkeypatch.setenv("SEARCH_R1_CACHE", str(out.parent / "search_r1_cache"))  # the fixture's own cache
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
     assert f"+ retrieval server on {url}" in result.stdout
     import warm_start
