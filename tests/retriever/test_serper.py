@@ -1,6 +1,8 @@
 """The serper backend against a local fake of the serper.dev API (and fake linked pages)."""
 
+import functools
 import json
+import threading
 
 import httpx
 
@@ -12,11 +14,11 @@ PAGE = ("<html><head><title>x</title><script>var junk = 1;</script></head><body>
         "in December 1972 with Cernan and Schmitt.</p></body></html>")
 
 
-def _fake_serper(handler, body):
+def _fake_serper(handler, body, release: threading.Event | None = None):
     if handler.command == "GET":
         if handler.path == "/page/slow":
-            import time
-            time.sleep(2)
+            # held until the test releases it: the page times out whatever the host's speed
+            release.wait(120)
         handler.send_json(200, PAGE.encode(), content_type="text/html; charset=utf-8")
         return
     if handler.headers.get("X-API-KEY") != "test-key":
@@ -41,10 +43,17 @@ def test_snippet_only(scripted_server):
 
 
 def test_full_page_with_timeout(scripted_server):
-    server = scripted_server(_fake_serper)
-    retriever = SerperRetriever("test-key", server.url + "/search", mode="full_page", fetch_timeout=0.5,
+    """Pages 1 and 3 are fetched and cut to a passage; page 2 never answers within ``fetch_timeout``
+    (held until the end), so its snippet is kept. The timeout is generous for the fast pages so a
+    loaded host cannot push them past it."""
+    release = threading.Event()
+    server = scripted_server(functools.partial(_fake_serper, release=release))
+    retriever = SerperRetriever("test-key", server.url + "/search", mode="full_page", fetch_timeout=5.0,
                                 passage_words=9)
-    hits = retriever.search(["moon"], topk=3)[0]
+    try:
+        hits = retriever.search(["moon"], topk=3)[0]
+    finally:
+        release.set()
     assert hits[0]["document"]["contents"] == '"moon result 1"\nApollo 17 was the final mission of NASA\'s Apollo'
     assert hits[1]["document"]["contents"].endswith("Apollo ...")  # slow page timed out: snippet kept
     assert passage_around("a b c", "x y", 3) is None
