@@ -47,6 +47,7 @@ import argparse
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -473,6 +474,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--recipes", default="", help="comma-separated presets of verl/trainer/config/recipe/ stacked "
                         "on the algorithm's (e.g. search_r1pp, llds): training and evaluation both get them; the run "
                         "and its results are named <algo>+<recipe>...")
+    parser.add_argument("--tag", default="", help="a name for the extra overrides, appended to the run's name "
+                        "(e.g. mb32 for actor_rollout_ref.actor.ppo_mini_batch_size=32): its results do not "
+                        "overwrite the run without them")
     parser.add_argument("--profile", choices=("gpu", "cpu"), default="gpu")
     parser.add_argument("--returned", metavar="DIR", help="no run: rebuild learning_<label>.json in --out_dir from a "
                         "device poll's files in DIR (metrics_*.jsonl.gz, val_*.tgz), the same --algo/--recipes given")
@@ -480,7 +484,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.eval_steps = sorted({int(s) for s in args.eval_steps.split(",") if s.strip()})
     args.recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    args.label = "+".join([args.algo, *args.recipes, *(["2hop"] if args.warm_start_searches == 2 else [])])
+    if args.tag and not re.fullmatch(r"[A-Za-z0-9_-]+", args.tag):
+        parser.error(f"--tag {args.tag!r}: letters, digits, '_' and '-' only (it names files)")
+    args.label = "+".join([args.algo, *args.recipes, *(["2hop"] if args.warm_start_searches == 2 else []),
+                           *([args.tag] if args.tag else [])])
     bad = [s for s in args.eval_steps if s and s % args.save_freq]
     if bad:
         parser.error(f"--eval_steps {bad} are not multiples of --save_freq {args.save_freq} (no checkpoint there)")

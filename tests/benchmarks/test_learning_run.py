@@ -110,6 +110,20 @@ def test_eval_steps_must_be_checkpoints():
         learning_run.parse_args(["--eval_steps", "0,15", "--save_freq", "10"])
 
 
+def test_tag_names_a_run_with_extra_overrides(tmp_path):
+    """A lever tried through extra overrides gets its own name, so its files sit beside the run
+    without it; a tag that cannot name a file is refused."""
+    args = learning_run.parse_args(["--algo", "grpo", "--recipes", "one_step_off_policy", "--tag", "mb32",
+                                    "--work_dir", str(tmp_path), "actor_rollout_ref.actor.ppo_mini_batch_size=32"])
+    assert args.label == "grpo+one_step_off_policy+mb32"
+    overrides = learning_run.train_overrides(args, learning_run.Run(tmp_path, args.label))
+    cfg = parse_config(["algorithm.adv_estimator=grpo", "trainer.n_gpus_per_node=1", *overrides])
+    assert cfg.actor_rollout_ref.actor.ppo_mini_batch_size == 32
+    assert cfg.trainer.experiment_name == "learning-grpo+one_step_off_policy+mb32"
+    with pytest.raises(SystemExit):
+        learning_run.parse_args(["--tag", "mb/32"])
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "qa").is_dir(), reason=f"shared data not found at {SHARED}")
 def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, capfd):
