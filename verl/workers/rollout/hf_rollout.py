@@ -15,6 +15,7 @@ so that stop strings, finish reasons and log-probs follow exactly the same rules
 
 from __future__ import annotations
 
+import inspect
 import logging
 from typing import Iterable
 
@@ -116,6 +117,10 @@ class HFRolloutEngine(RolloutEngine):
         self.eos_ids = self._eos_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_ids[0]
         self.generator = None if seed is None else torch.Generator(device=self.device).manual_seed(seed)
+        # Only the last position's logits are sampled from: a prompt's forward then skips the
+        # (tokens x vocabulary) head output, which dominates it for small models with a large vocabulary.
+        accepts = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self.forward_kwargs = {"logits_to_keep": 1} if accepts else {}
 
     @staticmethod
     def _eos_ids(model, tokenizer) -> list[int]:
@@ -151,7 +156,7 @@ class HFRolloutEngine(RolloutEngine):
         past = None
         for _ in range(params.max_tokens):
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             past_key_values=past, use_cache=True)
+                             past_key_values=past, use_cache=True, **self.forward_kwargs)
             past = out.past_key_values
             tokens, log_probs = sample_next(out.logits[:, -1, :].float(), params, generator)
             self._record(states, tokens.tolist(), log_probs.tolist(), params)
