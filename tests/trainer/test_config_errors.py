@@ -120,6 +120,7 @@ def test_validation_sampling_with_a_temperature_passes():
     ("algorithm.kl_penalty", "kl3"), ("actor_rollout_ref.actor.kl_loss_type", "lowvar"),
     ("actor_rollout_ref.actor.tis_level", "tokens"), ("actor_rollout_ref.actor.tis_mode", "clip"),
     ("algorithm.kl_ctrl.type", "pid"), ("actor_rollout_ref.actor.loss_agg_mode", "token_mean"),
+    ("critic.model.value_head_init", "gaussian"),
 ])
 def test_algorithm_names_are_checked_against_the_registries(key, value):
     with pytest.raises(ConfigError, match=f"{key}='{value}': choose one of"):

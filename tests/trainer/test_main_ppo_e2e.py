@@ -58,6 +58,8 @@ def test_full_step_through_ray(algo, engine, tiny_qwen_path, qa_parquet, retriev
         assert key in metrics, key
     if algo == "ppo":
         assert "critic/values/mean" in metrics and "timing_s/update_critic" in metrics
+        # the fresh value head starts at zero (step 1's values come before any critic update)
+        assert metrics["critic/values/max"] == metrics["critic/values/min"] == 0.0
         assert "actor/reward_kl_penalty" in metrics
         assert (out / "global_step_1" / "critic").is_dir()
     else:

@@ -109,7 +109,7 @@ def test_critic_packed_rows_equal_padded(tiny_qwen_path, batch_factory):
     from verl.utils.fsdp_utils import load_value_model
 
     torch.manual_seed(0)
-    critic = load_value_model({"path": tiny_qwen_path})
+    critic = load_value_model({"path": tiny_qwen_path}, head_init="random")
     micro = batch_factory(num_rows=6, seed=2).batch
     with torch.no_grad():
         padded = forward_values(critic, micro, ForwardLayout(use_remove_padding=False))

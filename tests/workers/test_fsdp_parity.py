@@ -171,10 +171,12 @@ def test_two_fsdp2_ranks_equal_the_unsharded_model(role, tiny_qwen_path, batch_f
 
 
 def _save_init(role: str, model_path: str, tmp_path) -> str:
-    """The initial weights every process loads (for the critic, its freshly drawn value head)."""
+    """The initial weights every process loads (for the critic, a randomly drawn value head, so that
+    the first step's gradient reaches the body)."""
     from verl.utils.fsdp_utils import load_causal_lm, load_value_model
 
-    model = load_value_model({"path": model_path}) if role == "critic" else load_causal_lm({"path": model_path})
+    model = (load_value_model({"path": model_path}, head_init="random") if role == "critic"
+             else load_causal_lm({"path": model_path}))
     path = str(tmp_path / "init.pt")
     torch.save(model.state_dict(), path)
     return path
@@ -186,7 +188,7 @@ def test_value_head_output_owns_its_storage(tiny_qwen_path):
     from verl.utils.fsdp_utils import ValueHead, load_value_model
 
     torch.manual_seed(0)
-    critic = load_value_model({"path": tiny_qwen_path})
+    critic = load_value_model({"path": tiny_qwen_path}, head_init="random")
     head = critic.score
     assert isinstance(head, ValueHead) and {"score.weight", "score.bias"} <= critic.state_dict().keys()
     hidden = torch.randn(2, 5, head.in_features)

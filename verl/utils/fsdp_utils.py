@@ -157,18 +157,26 @@ def load_causal_lm(model_config: Any, torch_dtype: str | torch.dtype = torch.flo
     return _finish_model(model, model_config, trainable)
 
 
-def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.float32) -> nn.Module:
+def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.float32,
+                     head_init: str = "zero") -> nn.Module:
     """Load a critic: the LM body plus a linear head giving one value per token.
 
     ``AutoModelForTokenClassification`` with ``num_labels=1`` reuses the causal-LM checkpoint's body
-    weights (the LM head is dropped, the value head starts random). Dropout is switched off so
-    values are deterministic in train mode. ``model(input_ids, ...).logits[..., 0]`` is the value.
+    weights (the LM head is dropped). A value head the checkpoint lacks starts at ``head_init``:
+    ``"zero"`` (weight and bias 0, every value 0) or ``"random"`` (transformers' init); one the
+    checkpoint holds is loaded. Dropout is switched off so values are deterministic in train mode.
+    ``model(input_ids, ...).logits[..., 0]`` is the value.
 
     Raises:
-        ValueError: the architecture has no token-classification class in transformers.
+        ValueError: the architecture has no token-classification class in transformers, or
+            ``head_init`` is not one of ``VALUE_HEAD_INITS``.
     """
     from transformers import AutoModelForTokenClassification
 
+    from verl.workers.critic.config import VALUE_HEAD_INITS
+
+    if head_init not in VALUE_HEAD_INITS:
+        raise ValueError(f"critic.model.value_head_init={head_init!r}: choose one of {list(VALUE_HEAD_INITS)}")
     model_config = as_model_config(model_config)
     config = load_model_config(model_config)
     config.num_labels = 1
@@ -177,7 +185,11 @@ def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.f
         model, info = AutoModelForTokenClassification.from_pretrained(
             model_config.path, config=config, output_loading_info=True,
             **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
-    _use_value_head(model)
+    head = _use_value_head(model)
+    if head_init == "zero" and any(key.startswith(f"{head}.") for key in info["missing_keys"]):
+        with torch.no_grad():
+            for param in getattr(model, head).parameters():
+                param.zero_()
     _report_value_model_load(model, info, model_config.path)
     return _finish_model(model, model_config, trainable=True)
 
@@ -233,16 +245,21 @@ class ValueHead(nn.Linear):
         return out if self.bias is None else out + self.bias
 
 
-def _use_value_head(model: nn.Module) -> None:
+def _use_value_head(model: nn.Module) -> str:
     """Swap the token-classification head (``score``, or ``classifier`` in some architectures) of
-    ``model`` for a :class:`ValueHead` holding the same parameters."""
+    ``model`` for a :class:`ValueHead` holding the same parameters; returns the head's name.
+
+    Raises:
+        ValueError: ``model`` has neither head as an ``nn.Linear``.
+    """
     for name in ("score", "classifier"):
         head = getattr(model, name, None)
         if type(head) is nn.Linear:
             value_head = ValueHead(head.in_features, head.out_features, bias=head.bias is not None, device="meta")
             value_head.weight, value_head.bias = head.weight, head.bias
             setattr(model, name, value_head)
-            return
+            return name
+    raise ValueError(f"{type(model).__name__}: no linear `score` or `classifier` head to use as the value head")
 
 
 def _finish_model(model: nn.Module, model_config: Any, trainable: bool) -> nn.Module:

@@ -401,7 +401,7 @@ class CriticWorker(_FSDPModelWorker):
         """Load the value model from the (causal-LM) checkpoint, shard it, build the optimizer."""
         model_cfg = self.config.model
         self.tokenizer = _load_tokenizer(model_cfg.tokenizer_path or model_cfg.path, model_cfg.trust_remote_code)
-        model = fsdp_utils.load_value_model(model_cfg, torch_dtype=torch.float32)
+        model = fsdp_utils.load_value_model(model_cfg, torch_dtype=torch.float32, head_init=model_cfg.value_head_init)
         if torch.cuda.is_available() and self.config.use_torch_compile:  # as the actor's layers (CPU: eager)
             fsdp_utils.compile_decoder_layers(model)
         self.critic_module, self.critic_optimizer, self.lr_scheduler = self._build_trainable(

@@ -16,6 +16,7 @@ from verl.trainer.ppo.config import BACKENDS, PPOConfig, environment_of
 from verl.trainer.ppo.health import health_rules
 from verl.utils.config import ConfigError
 from verl.workers import batching
+from verl.workers.critic.config import VALUE_HEAD_INITS
 from verl.workers.rollout.config import ENGINE_NAMES, ROLLOUT_MODES, engine_max_model_len
 
 
@@ -169,6 +170,7 @@ def check_choices(cfg: PPOConfig) -> None:
     _choose(errors, "trainer.backend", cfg.trainer.backend, BACKENDS)
     _choose(errors, "actor_rollout_ref.rollout.name", cfg.actor_rollout_ref.rollout.name, ENGINE_NAMES)
     _choose(errors, "actor_rollout_ref.rollout.mode", cfg.actor_rollout_ref.rollout.mode, ROLLOUT_MODES)
+    _choose(errors, "critic.model.value_head_init", cfg.critic.model.value_head_init, VALUE_HEAD_INITS)
     if errors:
         raise ConfigError("invalid configuration:\n  " + "\n  ".join(errors))
     resume = cfg.trainer.resume_mode

@@ -12,6 +12,8 @@ from omegaconf import II
 
 from verl.utils.model_config import FSDPConfig, ModelSource, OptimConfig
 
+VALUE_HEAD_INITS = ("zero", "random")  # critic.model.value_head_init
+
 
 @dataclass(frozen=True)
 class CriticModelConfig(ModelSource):
@@ -33,6 +35,12 @@ class CriticModelConfig(ModelSource):
     """tokens per packed row (see the actor's key)"""
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     """sharding and offload of the critic"""
+    value_head_init: str = "zero"
+    """a value head the checkpoint lacks starts at `zero` (every value 0: the first advantages are the
+    returns, whitened) or `random` (transformers' init, as veRL's). A random head gives each token
+    type its own value, the same in every sample, so its first advantages push token types up or
+    down whatever the reward (docs/benchmarks_learning.md, "PPO one-step off-policy"). A head found
+    in the checkpoint is loaded either way"""
 
 
 @dataclass(frozen=True)
