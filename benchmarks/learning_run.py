@@ -299,7 +299,7 @@ def one_call(args) -> bool:
     run.root.mkdir(parents=True, exist_ok=True)
     data = prepare_data(args, work_dir)
     warm_start = args.model or __import__("warm_start").ensure_warm_start(multi_hop_searches=args.warm_start_searches)
-    before, log = run.latest_step(), []
+    before, log, alarm = run.latest_step(), [], None
     with start_retriever(args, data, work_dir) as server:
         url = server.retrieve_url
         log += adopt_validations(args, run)
@@ -325,6 +325,10 @@ def one_call(args) -> bool:
 
             outcome = run_until(cmd, env, deadline, stop_when=stop_when)
             log.append(f"train {before} -> {run.latest_step()}: {outcome}")
+            alarm = health_stop_step(run) if outcome == "exit 1" else None
+            if alarm is not None:
+                log.append(f"train: stopped by a health alarm at step {alarm} (trainer.health.stop_on_alarm; "
+                           f"the curves show what drifted)")
             log += adopt_validations(args, run)
             log += evaluate_pending(args, run, warm_start, url, data, deadline)
     prune(args, run)
@@ -336,9 +340,20 @@ def one_call(args) -> bool:
     result = collect(args, run, warm_start, data)
     write_result(result, Path(args.out_dir), args.label)
     complete = run.latest_step() >= args.steps and all(run.evaluation(s).exists() for s in args.eval_steps)
-    print("\n".join(log) + f"\nlearning run: {'done' if complete else 'not done: call again'} "
-          f"(step {run.latest_step()} of {args.steps})", flush=True)
+    state = "done" if complete else f"stopped by a health alarm at step {alarm}" if alarm else "not done: call again"
+    print("\n".join(log) + f"\nlearning run: {state} (step {run.latest_step()} of {args.steps})", flush=True)
     return complete
+
+
+def health_stop_step(run: Run) -> int | None:
+    """For a training call that exited 1: the step a health alarm ended it at
+    (``trainer.health.stop_on_alarm``: the last logged step, not checkpointed, with ``health/alarm``
+    1), or None."""
+    path = run.logs / "metrics.jsonl"
+    rows = learning_check.read_metrics(path) if path.exists() else []
+    if rows and rows[-1].get("health/alarm") == 1.0 and rows[-1]["step"] > run.latest_step():
+        return int(rows[-1]["step"])
+    return None
 
 
 def collect(args, run: Run, warm_start: str, data: Path) -> dict:

@@ -13,6 +13,10 @@
 #                                                          # the run's budget: DEVICE_LEFT_S less this call's time
 #                                                          # less END_MARGIN_S (250: the last poll's overhead), or BUDGET_S
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/learning_run.sh   # repeat until it prints "learning run: done"
+#   STAGE=stop bash benchmarks/device/learning_run.sh      # ends a run early (its trainer, Ray, the engine) and
+#                                                          # reports; a STAGE=start with other ARGS may follow.
+#                                                          # Never `pkill -f learning_run.py` in a call's command:
+#                                                          # it matches that call's own shell and ends the hold
 #                                                          # (WAIT_S >= 20 s under the call's limit: a call cut at
 #                                                          # its limit brings nothing back)
 # /tmp/learning keeps data, index, warm start, checkpoints and results between calls; each poll's $OUT
@@ -59,6 +63,15 @@ case "${STAGE:-poll}" in
     setsid nohup python3 benchmarks/learning_run.py --work_dir "$work" --out_dir "$work/results" \
       --budget_s "$budget" ${ARGS:-} > "$work/run.log" 2>&1 < /dev/null &
     echo "learning run started (pid $!)"
+    ;;
+  stop)
+    # patterns that match the run's processes, not this call's shell (its command names only this script)
+    pkill -TERM -f "learning_run.py --work_dir"; pkill -TERM -f "verl.trainer.main_ppo"
+    sleep 15
+    ray stop --force > /dev/null 2>&1
+    pkill -KILL -f "verl.trainer.main_ppo|EngineCore|retrieval_server"
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader
+    report
     ;;
   poll)
     waited=0

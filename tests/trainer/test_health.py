@@ -154,3 +154,25 @@ def test_health_best_checkpoint_is_kept_beside_the_latest_and_summarised(tmp_pat
     assert lines[1].startswith(f"  checkpoint:   {tmp_path / 'global_step_5'}")
     assert lines[2] == f"  best:         {tmp_path / 'global_step_2'}  (val/test_em/all 0.400)"
     assert lines[3] == "  health:       no alarm"
+
+
+def test_health_check_stop_raises_at_the_alarm_step_only_when_asked(env, tokenizer):
+    from verl.trainer.run_exit import HealthAlarmStop
+
+    good = trajectories(tokenizer, [WELL_FORMED] * 4)
+    bad = trajectories(tokenizer, [BROKEN, BROKEN, WELL_FORMED, WELL_FORMED])
+    watching = HealthMonitor(HealthConfig(baseline_steps=1, patience=2), env, tokenizer)
+    stopping = HealthMonitor(HealthConfig(baseline_steps=1, patience=2, stop_on_alarm=True), env, tokenizer)
+    for step, batch in enumerate([good, bad], start=1):
+        for monitor in (watching, stopping):
+            monitor.observe(step, batch, {})
+            monitor.check_stop(step)  # no alarm yet
+    watching.observe(3, bad, {})
+    watching.check_stop(3)  # alarm raised, only warned
+    stopping.observe(3, bad, {})
+    with pytest.raises(HealthAlarmStop, match=r"^training stopped at step 3 by a health alarm "
+                       r"\(trainer.health.stop_on_alarm\): broken_tags 0.500 rose from its start 0.000 "
+                       r"\(by more than 0.2\) for 2 steps; no_answer 0.500 rose"):
+        stopping.check_stop(3)
+    stopping.observe(4, bad, {})
+    stopping.check_stop(4)  # the alarm holds, but it was raised at step 3: a resumed run goes on

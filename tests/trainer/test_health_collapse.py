@@ -151,3 +151,26 @@ def test_health_alarm_fires_before_the_validation_em_falls(answering_model, qa_p
     assert best is not None and best["value"] == max(row.get("val/test_em/all", 0) for row in rows if row["step"] > 0)
     assert best["step"] < fall and f"best:         {checkpointing.step_dir(out, best['step'])}" in summary
     assert "the run went on to step 12 without saving" in summary  # save_freq=-1: the best is the latest
+
+
+def test_stop_on_alarm_ends_the_run_at_the_alarm_without_its_checkpoint(answering_model, qa_parquet, tmp_path):
+    """``trainer.health.stop_on_alarm``: the same provoked collapse ends at the alarm's step, in one
+    line naming the alarm and the latest checkpoint, which is the step before (the alarm's step is
+    logged, not saved)."""
+    out = tmp_path / "run"
+    overrides = collapse_overrides(answering_model, qa_parquet, out, steps=12) + [
+        "trainer.health.stop_on_alarm=true", "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.val_before_train=false",
+        "trainer.keep_best=null"]
+    result = run_main(overrides, timeout=1200, extra_env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 1, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
+    rows = read_metrics(out)
+    alarm = rows[-1]["step"]
+    assert rows[-1]["health/alarm"] == 1.0 and all(row.get("health/alarm") == 0.0 for row in rows[:-1])
+    assert 1 < alarm < 12
+    last_line = result.stderr.strip().splitlines()[-1]
+    assert last_line.startswith(f"error: training stopped at step {alarm} by a health alarm "
+                                "(trainer.health.stop_on_alarm): "), last_line
+    assert f"the latest checkpoint is {checkpointing.step_dir(out, alarm - 1)}" in last_line
+    assert checkpointing.find_latest(out) == checkpointing.step_dir(out, alarm - 1)
+    assert not checkpointing.step_dir(out, alarm).exists()
+    assert "Traceback" not in result.stderr

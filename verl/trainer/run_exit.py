@@ -9,7 +9,11 @@ the work's own ``finally`` blocks shut its workers and Ray down, then
   ends it with ``error: out of memory: ...`` (what ran out, how much, what to change) and status 1;
 * a node hosting ranks leaving the cluster (:class:`~verl.single_controller.WorkerNodeLostError`)
   ends it with ``error: lost Ray node <id> (<ip>) ...`` and status 1; ``stopped`` adds where the
-  latest checkpoint is, which the same command resumes from once the cluster has its nodes again.
+  latest checkpoint is, which the same command resumes from once the cluster has its nodes again;
+* a training-health alarm under ``trainer.health.stop_on_alarm``
+  (:class:`HealthAlarmStop`) ends it with ``error: training stopped at step
+  <n> by a health alarm ...`` (what drifted, from what start) and status 1, ``stopped`` adding where
+  the latest checkpoint (from before the alarm) is.
 
 Ray is shut down here too, for work that stopped before it held its worker groups.
 """
@@ -26,6 +30,13 @@ T = TypeVar("T")
 
 EXIT_OUT_OF_MEMORY = 1
 EXIT_NODE_LOST = 1
+EXIT_HEALTH_ALARM = 1
+
+class HealthAlarmStop(RuntimeError):
+    """A run ended by a training-health alarm under ``trainer.health.stop_on_alarm``
+    (:meth:`verl.trainer.ppo.health.HealthMonitor.check_stop`); the message names the step and the
+    alarm(s) raised there."""
+
 
 # What makes a run smaller in host memory, in the order worth trying (docs/configuration.md).
 MEMORY_KEYS = ("data.train_batch_size", "actor_rollout_ref.rollout.n", "actor_rollout_ref.rollout.kv_cache_space_gib",
@@ -42,7 +53,8 @@ def run_or_exit(work: Callable[[], T], stopped: Callable[[], str] = lambda: "") 
         what ``work`` returned.
     Raises:
         SystemExit: 128 + signal after SIGINT/SIGTERM, :data:`EXIT_OUT_OF_MEMORY` after an
-            out-of-memory kill, :data:`EXIT_NODE_LOST` after a node was lost.
+            out-of-memory kill, :data:`EXIT_NODE_LOST` after a node was lost,
+            :data:`EXIT_HEALTH_ALARM` after a health alarm stopped training.
     """
     received = Received()
     try:
@@ -53,6 +65,10 @@ def run_or_exit(work: Callable[[], T], stopped: Callable[[], str] = lambda: "") 
         _shutdown_ray()
         print(f"stopped by {stop.name}{stopped()}", file=sys.stderr, flush=True)
         sys.exit(stop.exit_code)
+    except HealthAlarmStop as alarm:
+        _shutdown_ray()
+        print(f"error: {alarm}{stopped()}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_HEALTH_ALARM)
     except Exception as error:
         # imported here: the single controller brings Ray, which a run that never starts workers
         # (a config error, the train scripts' wrapper) should not pay for

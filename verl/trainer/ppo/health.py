@@ -30,6 +30,8 @@ from typing import Dict, Mapping, Optional
 
 import numpy as np
 
+from verl.trainer.run_exit import HealthAlarmStop
+
 HEALTH_RULE_KINDS = ("rise", "fall", "grow")
 # The trainer's own signals (any environment): name -> (kind, threshold).
 TRAINER_RULES = {"lld/pos_logprob": ("fall", 0.3), "grad_norm": ("grow", 5.0)}
@@ -48,6 +50,9 @@ class HealthConfig:
     thresholds: Optional[Dict[str, float]] = None
     """per-signal threshold overrides, e.g. `{broken_tags: 0.1, grad_norm: 10}` (defaults: the
     environment's rules and `lld/pos_logprob` fall 0.3 nats/token, `grad_norm` grow 5x)"""
+    stop_on_alarm: bool = False
+    """end the run at the step an alarm is raised, before that step's validation and checkpoint (the
+    latest checkpoint stays the last one before it): one line naming the alarm, exit status 1"""
 
 
 @dataclass(frozen=True)
@@ -150,6 +155,7 @@ class HealthMonitor:
         self.streaks: dict[str, int] = {}
         self.fired: dict[str, dict] = {}
         self.previous_logprob: float | None = None
+        self.raised_now: list[str] = []  # the alarms the last observed step raised
 
     def observe(self, step: int, batch, metrics: Mapping[str, float]) -> dict[str, float]:
         """``health/*`` of a finished step (``metrics``: the step's metrics so far, for the
@@ -169,7 +175,7 @@ class HealthMonitor:
         return out
 
     def _watch(self, step: int, signals: Mapping[str, float]) -> bool:
-        alarm = False
+        alarm, self.raised_now = False, []
         for rule in self.rules:
             value = signals.get(f"health/{rule.signal}")
             if value is None:
@@ -185,8 +191,19 @@ class HealthMonitor:
             if streak == self.config.patience:
                 text = rule.describe(value, baseline)
                 self.fired.setdefault(rule.signal, {"step": step, "text": text})
+                self.raised_now.append(f"{text} for {streak} steps")
                 print(f"WARNING health alarm at step {step}: {text} for {streak} steps", flush=True)
         return alarm
+
+    def check_stop(self, step: int) -> None:
+        """End the run here when ``stop_on_alarm`` is set and the step just observed (``step``) raised an alarm.
+
+        Raises:
+            HealthAlarmStop: naming the step and the alarm(s) raised at it.
+        """
+        if self.config.stop_on_alarm and self.raised_now:
+            raise HealthAlarmStop(f"training stopped at step {step} by a health alarm (trainer.health.stop_on_alarm): "
+                                  + "; ".join(self.raised_now))
 
     def summary(self) -> list[str]:
         """The closing summary's lines: the alarms raised (first step of each), or that none was."""

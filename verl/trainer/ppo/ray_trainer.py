@@ -22,6 +22,7 @@ from verl.trainer.ppo.health import HealthMonitor
 from verl.trainer.ppo.time_budget import TimeBudget
 from verl.trainer.ppo.training_rollouts import TrainingRollouts
 from verl.trainer.ppo.validation import run_validation
+from verl.trainer.run_exit import HealthAlarmStop
 from verl.utils.config import ConfigError
 from verl.utils.timer import timer
 
@@ -161,6 +162,11 @@ class RayPPOTrainer:
             while self.global_step < self.total_steps:
                 self.global_step += 1
                 metrics = self.step()
+                try:
+                    self.health.check_stop(self.global_step)
+                except HealthAlarmStop:
+                    self.tracker.log(metrics, step=self.global_step)  # the alarm's step, not validated or saved
+                    raise
                 self.time_budget.record("step", metrics["timing_s/step"])
                 last = self.global_step == self.total_steps or self.out_of_time()
                 metrics.update(self.periodic(last))
