@@ -32,6 +32,7 @@ EXIT_OUT_OF_MEMORY = 1
 EXIT_NODE_LOST = 1
 EXIT_HEALTH_ALARM = 1
 
+
 class HealthAlarmStop(RuntimeError):
     """A run ended by a training-health alarm under ``trainer.health.stop_on_alarm``
     (:meth:`verl.trainer.ppo.health.HealthMonitor.check_stop`); the message names the step and the

@@ -186,11 +186,12 @@ def load_value_model(model_config: Any, torch_dtype: str | torch.dtype = torch.f
             model_config.path, config=config, output_loading_info=True,
             **_pretrained_kwargs(model_config, to_dtype(torch_dtype)))
     head = _use_value_head(model)
-    if head_init == "zero" and any(key.startswith(f"{head}.") for key in info["missing_keys"]):
+    fresh = any(key.startswith(f"{head}.") for key in info["missing_keys"])
+    if fresh and head_init == "zero":
         with torch.no_grad():
             for param in getattr(model, head).parameters():
                 param.zero_()
-    _report_value_model_load(model, info, model_config.path)
+    _report_value_model_load(head, info, model_config.path, head_init if fresh else None)
     return _finish_model(model, model_config, trainable=True)
 
 
@@ -213,12 +214,14 @@ def _load_report_silenced():
         report_logger.removeFilter(drop_report)
 
 
-def _report_value_model_load(model: nn.Module, info: dict, path: str) -> None:
-    """Warn about checkpoint keys a critic load did not expect to miss or to skip."""
-    head = next(name for name, module in model.named_children() if isinstance(module, ValueHead))
+def _report_value_model_load(head: str, info: dict, path: str, head_init: str | None) -> None:
+    """Warn about checkpoint keys a critic load did not expect to miss or to skip; ``head``: the value
+    head's name, ``head_init``: how it started when the checkpoint lacked it (None: loaded)."""
     missing = sorted(k for k in info["missing_keys"] if not k.startswith(f"{head}."))
     unexpected = sorted(k for k in info["unexpected_keys"] if not k.startswith("lm_head."))
-    logger.info("critic from %s: value head %s newly initialised (the checkpoint is a causal LM)", path, head)
+    if head_init is not None:
+        logger.info("critic from %s: value head %s newly initialised (%s; the checkpoint is a causal LM)",
+                    path, head, head_init)
     if missing:
         logger.warning("critic from %s: %d weights missing from the checkpoint, newly initialised: %s",
                        path, len(missing), ", ".join(missing[:10]))
