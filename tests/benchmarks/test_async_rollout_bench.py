@@ -19,8 +19,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_async_rollout_benchmark_reports_both_modes(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
+    # --max_tokens 40: each turn decodes 8-24 real tokens, then gets its forced 16-32-token search tag
     args = ["--device", "cpu", "--models", "tiny", "--batch_size", "2", "--n", "2", "--max_turns", "2",
-            "--max_tokens", "64", "--max_obs_length", "64", "--max_prompt_length", "1024", "--latency_ms", "20,60",
+            "--max_tokens", "40", "--max_obs_length", "64", "--max_prompt_length", "1024", "--latency_ms", "20,60",
             "--answer_prob", "0",
             "--step_model", "none", "--out_dir", str(tmp_path)]
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_rollout.py"), *args], cwd=ROOT,

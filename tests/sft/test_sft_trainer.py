@@ -68,6 +68,31 @@ def test_steps_lower_loss_and_export_loads(lora_rank, lr, drop, tiny_model_dir, 
     assert "val/loss" in trainer.validate()
 
 
+def test_loss_sum_is_the_full_logits_nll_over_the_mask(tiny_model_dir):
+    """The head runs only from the first target position of any row: the sum and count are those
+    of every position's log-softmax, masked (rows that start training at different positions, an
+    untrained observation inside, padding)."""
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, 1000, (3, 40), generator=gen)
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[0, 12:40] = 1
+    loss_mask[1, 20:25] = 1
+    loss_mask[1, 30:36] = 1  # an observation in between
+    loss_mask[2, 9:30] = 1
+    attention_mask = torch.ones_like(ids)
+    attention_mask[1, 36:] = 0
+    attention_mask[2, 30:] = 0
+    batch = {"input_ids": ids, "attention_mask": attention_mask, "position_ids": torch.arange(40).expand(3, 40),
+             "loss_mask": loss_mask}
+    with torch.no_grad():
+        nll, count = sft_loss_sum(model, batch)
+        logits = model(input_ids=ids, attention_mask=attention_mask, position_ids=batch["position_ids"]).logits
+    log_probs = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert count == loss_mask[:, 1:].sum()
+    torch.testing.assert_close(nll, -(log_probs * loss_mask[:, 1:]).sum(), rtol=1e-5, atol=1e-4)
+
+
 @pytest.mark.slow
 def test_micro_batching_does_not_change_gradient(tiny_model_dir, demo_jsonl, tmp_path):
     """Token-mean over the global batch: one micro-batch or many give the same loss and update."""

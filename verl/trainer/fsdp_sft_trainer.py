@@ -47,6 +47,9 @@ from verl.utils.torch_functional import logprobs_from_logits, warmup_lr_lambda
 def sft_loss_sum(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed next-token NLL over loss-mask tokens of one right-padded micro-batch.
 
+    The LM head runs from the first position that predicts a target of any row on
+    (``logits_to_keep``): the prompt's positions before it have no (tokens x vocabulary) logits.
+
     Args:
         batch: ``input_ids``, ``attention_mask``, ``position_ids``, ``loss_mask``, each
             (batch, seq_len); ``loss_mask[t] == 1`` marks token ``t`` as a target.
@@ -55,10 +58,14 @@ def sft_loss_sum(model: torch.nn.Module, batch: dict) -> tuple[torch.Tensor, tor
     """
     device = fsdp_utils.device_name()
     batch = {key: value.to(device) for key, value in batch.items()}
+    targets = batch["loss_mask"][:, 1:]  # position t predicts token t + 1
+    columns = targets.any(dim=0).nonzero()
+    first = int(columns[0]) if len(columns) else targets.shape[1] - 1
     logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   position_ids=batch["position_ids"], use_cache=False).logits
-    log_probs = logprobs_from_logits(logits[:, :-1], batch["input_ids"][:, 1:])
-    mask = batch["loss_mask"][:, 1:].to(log_probs.dtype)
+                   position_ids=batch["position_ids"], use_cache=False,
+                   logits_to_keep=batch["input_ids"].shape[1] - first).logits  # positions first..end
+    log_probs = logprobs_from_logits(logits[:, :-1], batch["input_ids"][:, first + 1:])
+    mask = targets[:, first:].to(log_probs.dtype)
     return -(log_probs * mask).sum(), mask.sum()
 
 
