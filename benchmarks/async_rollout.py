@@ -32,8 +32,11 @@ Steps (``step`` section): ``--step_steps`` GRPO steps of the real trainer (``scr
 on the example data, the ``--step_model``) in each mode behind the latency proxy; the step time is
 the mean ``timing_s/step`` after the first step; a third run (``sync_staleness1``) rolls out each
 step's batch beside the previous step's update (``rollout.staleness=1``). Top-level ratios (sync
-time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the first model,
-``ratio_step_latency``; and ``ratio_step_staleness`` (sync step time at staleness 0 / at 1).
+time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the 1.5B shape (else the
+warm start, else the first model; ``ratio_rollout_model`` names it), ``ratio_step_latency``; and
+``ratio_step_staleness`` (sync step time at staleness 0 / at 1). ``--engine_process`` puts vLLM's
+engine core in a process of its own for every rollout and step (``rollout.engine_process``), so the
+async tasks and the HTTP client no longer share an interpreter with the scheduler and the model.
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpu_memory_utilization", type=float, default=0.6)
     p.add_argument("--enforce_eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
+    p.add_argument("--engine_process", action="store_true",
+                   help="vLLM's engine core in a process of its own (rollout.engine_process), both modes and steps")
     p.add_argument("--step_model", default="warm_start", help="model of the step runs (warm_start | base | none)")
     p.add_argument("--step_batch_size", type=int, default=128)
     p.add_argument("--step_n", type=int, default=5)
@@ -219,7 +224,7 @@ def build_engine(path: str, tokenizer, args):
     config = {"name": "vllm", "dtype": "bfloat16" if gpu else "float32",
               "max_model_len": args.max_prompt_length + args.max_tokens, "gpu_memory_utilization":
               args.gpu_memory_utilization, "kv_cache_space_gib": 2, "seed": args.seed,
-              "enforce_eager": True if args.enforce_eager else None}
+              "enforce_eager": True if args.enforce_eager else None, "engine_process": args.engine_process}
     return build_rollout_engine(config, path, tokenizer)
 
 
@@ -333,6 +338,8 @@ def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> l
             f"data.max_prompt_length={args.max_prompt_length}", "trainer.val_before_train=false",
             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.resume_mode=disable",
             f"trainer.default_local_dir={log_dir / 'ckpt'}", f"retriever.max_concurrency={args.max_concurrency}"]
+    if args.engine_process:
+        mine.append("actor_rollout_ref.rollout.engine_process=true")
     keys = {o.split("=", 1)[0] for o in mine}
     return [o for o in base if o.split("=", 1)[0] not in keys] + mine
 
@@ -387,11 +394,16 @@ def main(argv=None) -> dict:
     return report
 
 
+HEADLINE_MODELS = ("qwen2.5-1.5b", "warm_start")
+"""the model whose rollout ratios go to the top of the JSON, first that ran (issue 30: the 1.5B shape)"""
+
+
 def summarize(report: dict) -> dict:
-    """The three top-level ratios (sync time / async time) first, then the rest. The rollout ratios
-    come from the SmolLM2 warm start when it ran (the issue's real-model shape), else the first model."""
+    """The top-level ratios (sync time / async time) first, then the rest. The rollout ratios come
+    from the first of ``HEADLINE_MODELS`` that ran, else from the first model."""
     head = {}
-    entries = sorted(report["rollout"], key=lambda e: e["model"] != "warm_start")
+    rank = {name: i for i, name in enumerate(HEADLINE_MODELS)}
+    entries = sorted(report["rollout"], key=lambda e: rank.get(e["model"], len(rank)))
     if entries:
         head["ratio_rollout_local"] = entries[0]["runs"]["local"]["ratio_sync_over_async"]
         head["ratio_rollout_latency"] = entries[0]["runs"]["latency"]["ratio_sync_over_async"]

@@ -64,3 +64,25 @@ def test_step_variants_pass_the_trainers_checks(device, tmp_path):
             assert not rollout.free_cache_engine and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap > 0
     report = {"rollout": [], "step": {"ratio_sync_over_async": 0.9, "ratio_staleness0_over_1": 1.4}}
     assert list(async_rollout.summarize(report))[:2] == ["ratio_step_latency", "ratio_step_staleness"]
+    apart = async_rollout.parse_args(["--device", device, "--engine_process"])
+    for variant in async_rollout.STEP_VARIANTS:
+        cfg = parse_config(async_rollout.step_overrides("/models/x", variant, apart, tmp_path, "http://127.0.0.1:1"))
+        assert cfg.actor_rollout_ref.rollout.engine_process
+
+
+def test_top_level_rollout_ratios_are_the_1_5b_shapes():
+    """Issue 30: the rollout ratios at the top of the JSON are the 1.5B shape's when it ran, else the
+    warm start's, and ``ratio_rollout_model`` names the model they come from."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import async_rollout
+
+    def entry(model, local, latency):
+        return {"model": model, "runs": {"local": {"ratio_sync_over_async": local},
+                                         "latency": {"ratio_sync_over_async": latency}}}
+
+    runs = [entry("warm_start", 0.7, 0.6), entry("qwen2.5-3b", 1.1, 1.9), entry("qwen2.5-1.5b", 1.3, 2.2)]
+    head = async_rollout.summarize({"rollout": runs})
+    assert (head["ratio_rollout_local"], head["ratio_rollout_latency"], head["ratio_rollout_model"]) == (1.3, 2.2,
+                                                                                                       "qwen2.5-1.5b")
+    head = async_rollout.summarize({"rollout": runs[:2]})
+    assert head["ratio_rollout_model"] == "warm_start" and head["ratio_rollout_local"] == 0.7

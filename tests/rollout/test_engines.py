@@ -60,6 +60,38 @@ def test_engine_process_runs_apart_with_the_same_outputs(process_engine, vllm_en
     assert [o.token_ids for o in process_engine.generate(prompts, params)] == [o.token_ids for o in apart]
 
 
+def test_async_driver_on_an_engine_core_apart(smollm2_path, tokenizer, vllm_engine, prompts):
+    """The async rollout's driver (continuous batching through ``LLM.enqueue`` / ``step``) on an engine
+    whose core runs in a process of its own (``rollout.engine_process`` without the served front end):
+    the core is a child of this process, and the awaited greedy continuations are the in-process
+    engine's."""
+    import asyncio
+
+    import psutil
+
+    from verl.workers.rollout import build_rollout_engine
+    from verl.workers.rollout.async_engine import VLLMStepDriver
+
+    engine = build_rollout_engine({"name": "vllm", "dtype": "float32", "max_model_len": 1024, "kv_cache_space_gib": 1,
+                                   "engine_process": True}, smollm2_path, tokenizer)
+    try:
+        assert not engine.in_process
+        assert any("EngineCore" in c.name() for c in psutil.Process().children(recursive=True))
+        params = SamplingParams(temperature=0, max_tokens=24, stop=["</search>"])
+        driver = VLLMStepDriver(engine)
+
+        async def all_rows():
+            return await asyncio.gather(*[driver.agenerate(p, params) for p in prompts])
+
+        apart = asyncio.run(all_rows())
+        driver.close()
+        for a, h in zip(apart, vllm_engine.generate(prompts, params)):
+            assert (a.token_ids, a.finish_reason) == (h.token_ids, h.finish_reason)
+            assert max(abs(x - y) for x, y in zip(a.log_probs, h.log_probs)) < 1e-4
+    finally:
+        engine.shutdown()
+
+
 def test_engine_process_that_cannot_start_says_why(tmp_path):
     from verl.workers.rollout.engine_process import EngineProcess, EngineProcessError
     with pytest.raises(EngineProcessError, match="rollout engine process, start: .*"):
