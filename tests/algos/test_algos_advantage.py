@@ -58,6 +58,27 @@ def test_gae_matches_recursion(gamma, lam):
     assert torch.allclose(ret, torch.tensor(exp_ret, dtype=torch.float64), atol=1e-10)
 
 
+@pytest.mark.parametrize("gamma,lam", [(1.0, 1.0), (0.999, 0.99), (0.7, 0.7)])
+def test_gae_over_long_multi_turn_responses(gamma, lam):
+    """Responses as long as a learning run's (1,500 tokens, several observation gaps) in float32, as
+    the trainer passes them: the closed form (gamma * lam close to 1) and the loop it falls back to
+    where gamma * lam ** 1,500 underflows (0.49 ** 1,499 ~ 1e-465) both give the recursion's values."""
+    gen = torch.Generator().manual_seed(5)
+    mask = torch.ones(4, 1500)
+    for row, (gaps, end) in enumerate([(3, 1500), (1, 1200), (0, 900), (5, 1499)]):
+        for _ in range(gaps):
+            start = int(torch.randint(1, end - 60, (1,), generator=gen))
+            mask[row, start:start + 50] = 0.0
+        mask[row, end:] = 0.0
+    rewards = outcome_rewards(mask, seed=6).float()
+    values = torch.rand(mask.shape, generator=gen)
+    adv, ret = get_adv_estimator_fn("gae")(rewards, mask, values=values, gamma=gamma, lam=lam)
+    exp_adv, exp_ret = gae_reference(rewards.double().tolist(), values.double().tolist(), mask.tolist(), gamma, lam)
+    assert adv.dtype == ret.dtype == torch.float32
+    assert torch.allclose(ret.double(), torch.tensor(exp_ret, dtype=torch.float64), atol=1e-4)
+    assert torch.allclose(adv.double(), torch.tensor(exp_adv, dtype=torch.float64), atol=1e-4)
+
+
 def test_gae_right_padding_only_is_plain_recursion():
     """Without observation gaps the result is textbook GAE over positions 0..len-1."""
     rewards = torch.tensor([[0.0, 0.0, 1.0, 0.0]])

@@ -18,6 +18,7 @@ from typing import Any
 
 from verl.algorithms.advantage import (
     ADV_ESTIMATOR_REGISTRY,
+    ActionTime,
     AdvantageEstimator,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
@@ -25,7 +26,6 @@ from verl.algorithms.advantage import (
     compute_reinforce_plus_plus_baseline_outcome_advantage,
     compute_reinforce_plus_plus_outcome_advantage,
     compute_rloo_outcome_advantage,
-    credit_rewards_to_actions,
     get_adv_estimator,
     get_adv_estimator_fn,
     register_adv_est,
@@ -88,7 +88,7 @@ __all__ = [
     "get_policy_loss_fn",
     "compute_gae_advantage_return", "compute_grpo_outcome_advantage", "compute_rloo_outcome_advantage",
     "compute_reinforce_outcome_advantage", "compute_reinforce_plus_plus_outcome_advantage",
-    "compute_reinforce_plus_plus_baseline_outcome_advantage", "credit_rewards_to_actions", "returns_to_go",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage", "ActionTime", "returns_to_go",
     "compute_advantage", "compute_llds_loss",
     "masked_sum", "masked_mean", "masked_var", "masked_whiten", "agg_loss",
     "compute_policy_loss_vanilla", "compute_policy_loss_gspo", "compute_value_loss",

@@ -86,17 +86,65 @@ def _check_same_shape(**tensors: torch.Tensor | None) -> None:
         raise ValueError(f"shape mismatch: {shapes}")
 
 
-def credit_rewards_to_actions(rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """Move each reward on a mask-0 token onto the last mask-1 token at or before it.
+class ActionTime:
+    """A batch's action tokens in "action time" (module docstring): each row's mask-1 tokens moved
+    to its front, in order, the other tokens after them.
 
-    ``(batch, response_len)`` in and out; rewards on action tokens stay in place, a reward before
-    a row's first action token is dropped (no action can have earned it).
+    Args:
+        mask: ``response_mask`` ``(batch, response_len)``, 0/1.
+    Attributes:
+        action: ``(batch, response_len)``, 1 over the first ``mask.sum(-1)`` entries of each row.
     """
-    positions = torch.arange(rewards.shape[-1], device=rewards.device).expand_as(rewards)
-    last_action = torch.where(response_mask.bool(), positions, -1).cummax(dim=-1).values
-    has_action = last_action >= 0
-    source = torch.where(has_action, rewards, torch.zeros_like(rewards))
-    return torch.zeros_like(rewards).scatter_add_(-1, last_action.clamp_min(0), source)
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.mask = mask
+        count = mask.cumsum(-1)  # actions at or before each token
+        self._slot = (count - 1).clamp_min(0).long()  # an action's own slot; the last action's before it
+        after = count[:, -1:] + (1 - mask).cumsum(-1) - 1  # other tokens keep their order behind the actions
+        self._dest = torch.where(mask.bool(), self._slot, after.long())
+        self._started = (count > 0).to(mask.dtype)
+        self.action = (torch.arange(mask.shape[-1], device=mask.device) < count[:, -1:]).to(mask.dtype)
+
+    def compact(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` ``(batch, response_len)`` in action time, 0 past each row's actions."""
+        return torch.zeros_like(x).scatter_(-1, self._dest, x) * self.action
+
+    def rewards(self, rewards: torch.Tensor) -> torch.Tensor:
+        """Rewards in action time, a reward on a mask-0 token credited to the last action at or before
+        it (e.g. a response truncated inside ``<information>``); one before a row's first action is
+        dropped (no action can have earned it)."""
+        return torch.zeros_like(rewards).scatter_add_(-1, self._slot, rewards * self._started)
+
+    def restore(self, y: torch.Tensor) -> torch.Tensor:
+        """An action-time tensor back at its tokens' positions; 0 on mask-0 tokens."""
+        return y.gather(-1, self._dest) * self.mask
+
+
+_MIN_POWER = 1e-280
+"""smallest discount power the closed form below divides by (float64 keeps ~1e-308)"""
+
+
+def _suffix_sum(x: torch.Tensor, discount: float) -> torch.Tensor:
+    """``y_k = x_k + discount * y_{k+1}`` along the last dim (``y`` past the end is 0), ``(batch, n)``.
+
+    Closed form ``y_k = discount^-k * sum_{j >= k} discount^j x_j`` as one reverse cumulative sum in
+    float64: each partial sum holds only terms at most ``discount^k`` times the largest ``|x|``, so
+    dividing by ``discount^k`` loses nothing. Where ``discount^(n-1)`` would underflow (a discount
+    well below 1 over a long response) the recursion runs as a loop over positions instead.
+    """
+    n = x.shape[-1]
+    if discount == 0:
+        return x.clone()
+    if discount ** max(n - 1, 0) >= _MIN_POWER:
+        powers = discount ** torch.arange(n, dtype=torch.float64, device=x.device)
+        scaled = (x.to(torch.float64) * powers).flip(-1).cumsum(-1).flip(-1)
+        return (scaled / powers).to(x.dtype)
+    y = torch.zeros_like(x)
+    running = torch.zeros_like(x[:, 0])
+    for k in reversed(range(n)):
+        running = x[:, k] + discount * running
+        y[:, k] = running
+    return y
 
 
 @register_adv_est("gae", needs_critic=True)
@@ -126,18 +174,11 @@ def compute_gae_advantage_return(
         raise ValueError("gae needs values (critic output, shape (batch, response_len))")
     _check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask, values=values)
     mask = response_mask.to(values.dtype)
-    rewards = credit_rewards_to_actions(token_level_rewards.to(values.dtype), mask)
-    next_value = torch.zeros_like(values[:, 0])
-    last_gae = torch.zeros_like(values[:, 0])
-    advantages = torch.zeros_like(values)
-    for t in reversed(range(values.shape[-1])):
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        gae_t = delta + gamma * lam * last_gae
-        m = mask[:, t]
-        # observation tokens pass the running quantities through untouched
-        next_value = m * values[:, t] + (1 - m) * next_value
-        last_gae = m * gae_t + (1 - m) * last_gae
-        advantages[:, t] = last_gae
+    steps = ActionTime(mask)
+    value = steps.compact(values)
+    next_value = torch.nn.functional.pad(value[:, 1:], (0, 1))  # the next action token's; 0 after the last
+    delta = (steps.rewards(token_level_rewards.to(values.dtype)) + gamma * next_value - value) * steps.action
+    advantages = steps.restore(_suffix_sum(delta, gamma * lam))
     returns = (advantages + values) * mask
     advantages = masked_whiten(advantages, mask) * mask
     return advantages, returns
@@ -147,18 +188,11 @@ def returns_to_go(token_level_rewards: torch.Tensor, response_mask: torch.Tensor
     """Discounted return-to-go in action time: ``G_t = r_t + gamma * G_{t+1}`` over action tokens.
 
     ``(batch, response_len)`` in and out, 0 off the mask; rewards on observation tokens are first
-    credited to the action before them (:func:`credit_rewards_to_actions`).
+    credited to the action before them (:meth:`ActionTime.rewards`).
     """
     _check_same_shape(token_level_rewards=token_level_rewards, response_mask=response_mask)
-    mask = response_mask.to(token_level_rewards.dtype)
-    rewards = credit_rewards_to_actions(token_level_rewards, mask)
-    running = torch.zeros_like(rewards[:, 0])
-    returns = torch.zeros_like(rewards)
-    for t in reversed(range(rewards.shape[-1])):
-        m = mask[:, t]
-        running = m * (rewards[:, t] + gamma * running) + (1 - m) * running
-        returns[:, t] = running
-    return returns * mask
+    steps = ActionTime(response_mask.to(token_level_rewards.dtype))
+    return steps.restore(_suffix_sum(steps.rewards(token_level_rewards), gamma))
 
 
 @register_adv_est("reinforce")
