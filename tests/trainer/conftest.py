@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from .helpers import REPO
+from .helpers import REPO, run_main, tiny_overrides
 
 # Real NQ-open questions (dev set) with their gold answers, and short passages that answer them.
 QA = [
@@ -88,3 +88,21 @@ def retriever_url(tmp_path_factory) -> str:
     with quickstart.local_retriever(args):
         assert _answers(url)
         yield url
+
+
+def straight_run_overrides(model: str, data: dict, url: str, out) -> list[str]:
+    """The 4-step GRPO run (local backend, saved at steps 2 and 4 with the HF export) of
+    :func:`straight_run`; a test that kills and resumes the same command compares against it."""
+    return tiny_overrides(model, data, url, out, "grpo") + [
+        "trainer.backend=local", "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.export_hf=true"]
+
+
+@pytest.fixture(scope="session")
+def straight_run(tiny_qwen_path, qa_parquet, retriever_url, tmp_path_factory):
+    """``(overrides, folder)``: one finished run of :func:`straight_run_overrides`, shared (read only) by
+    the resume test (its reference) and the rerun refusal (a run whose target step is reached)."""
+    out = tmp_path_factory.mktemp("straight_run") / "run"
+    overrides = straight_run_overrides(tiny_qwen_path, qa_parquet, retriever_url, out)
+    result = run_main(overrides)
+    assert result.returncode == 0, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
+    return overrides, out

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from .conftest import straight_run_overrides
 from .helpers import REPO, read_metrics, run_main, tiny_overrides, wait_for
 
 pytestmark = pytest.mark.slow
@@ -80,13 +81,12 @@ def _comparable(rows: list[dict]) -> dict[int, dict]:
     return {row["step"]: {k: v for k, v in row.items() if not k.startswith(NONDETERMINISTIC)} for row in rows}
 
 
-def test_resume_after_kill_equals_straight_run(tiny_qwen_path, qa_parquet, retriever_url, tmp_path):
-    """4 straight steps == 2 steps, SIGKILL, resume_mode=auto, 2 more. 6 rows / batch 3: the resume
-    point is exactly an epoch boundary and the run crosses it."""
-    base = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, tmp_path, "grpo") + [
-        "trainer.backend=local", "trainer.total_training_steps=4", "trainer.save_freq=2", "trainer.export_hf=true"]
-    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    _check_ok(run_main(base + [f"trainer.default_local_dir={straight}"]))
+def test_resume_after_kill_equals_straight_run(straight_run, tiny_qwen_path, qa_parquet, retriever_url, tmp_path):
+    """4 straight steps (the session's ``straight_run``) == 2 steps, SIGKILL, resume_mode=auto, 2 more.
+    6 rows / batch 3: the resume point is exactly an epoch boundary and the run crosses it."""
+    _, straight = straight_run
+    base = straight_run_overrides(tiny_qwen_path, qa_parquet, retriever_url, tmp_path)
+    resumed = tmp_path / "resumed"
 
     env = dict(os.environ, PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
     proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *base,

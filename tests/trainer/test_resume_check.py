@@ -15,7 +15,7 @@ from verl.trainer.ppo.config import default_config
 from verl.trainer.ppo.resume_check import RECORD_KEY, check_resume, train_data_record
 from verl.utils.config import ConfigError
 
-from .helpers import run_main, tiny_overrides
+from .helpers import run_main
 
 
 def _checkpoint(root, step: int, train_file=None) -> None:
@@ -91,21 +91,17 @@ def _one_error_line(result: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
-def test_the_trainer_records_its_data_and_refuses_a_rerun(tiny_qwen_path, qa_parquet, tmp_path):
-    """A real one-step run writes its train files into the checkpoint; the same command again (its
-    target already reached) and a run on other data stop in one line before any worker starts."""
-    out = tmp_path / "run"
-    base = tiny_overrides(tiny_qwen_path, qa_parquet, "http://127.0.0.1:9/retrieve", out, "grpo") + [
-        "do_search=false", "trainer.backend=local", "trainer.total_training_steps=1", "trainer.save_freq=1",
-        "trainer.export_hf=false"]
-    first = run_main(base)
-    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    state = checkpointing.load_trainer_state(out / "global_step_1")
+def test_the_trainer_records_its_data_and_refuses_a_rerun(straight_run, qa_parquet):
+    """A real run (the session's 4-step ``straight_run``) writes its train files into the checkpoint; the
+    same command again (its target already reached) and a run on other data stop in one line before
+    any worker starts."""
+    base, out = straight_run
+    state = checkpointing.load_trainer_state(out / "global_step_4")
     assert [r["path"] for r in state[RECORD_KEY]] == [qa_parquet["train"]]
 
     again, other = run_main(base), run_main(base + [f"data.train_files={qa_parquet['test']}"])
     line = _one_error_line(again)
-    assert line.startswith(f"error: trainer.resume_mode=auto: {out / 'global_step_1'} is already at global step 1")
+    assert line.startswith(f"error: trainer.resume_mode=auto: {out / 'global_step_4'} is already at global step 4")
     line = _one_error_line(other)
     assert f"was trained on {qa_parquet['train']}, not on data.train_files={qa_parquet['test']}" in line
     for result in (again, other):
