@@ -42,10 +42,23 @@ def observation_spans(mask: list[int]) -> list[tuple[int, int]]:
     return spans
 
 
+@pytest.fixture(scope="module")
+def greedy_rollouts(tokenizer, retriever):
+    """``get(request, engine_name, mode) -> (prompts, out)``: :func:`rollout` of each engine and mode, run
+    once in this module; the multi-turn checks and the agreement check look at the same rollouts."""
+    done = {}
+
+    def get(request, engine_name: str, mode: str):
+        if (engine_name, mode) not in done:
+            done[engine_name, mode] = rollout(request.getfixturevalue(engine_name), tokenizer, retriever, mode)
+        return done[engine_name, mode]
+
+    return get
+
+
 @pytest.mark.parametrize("engine_name", ["hf_engine", "vllm_engine"])
-def test_multi_turn_search_rollout(engine_name, request, tokenizer, retriever, mode):
-    engine = request.getfixturevalue(engine_name)
-    prompts, out = rollout(engine, tokenizer, retriever, mode)
+def test_multi_turn_search_rollout(engine_name, request, greedy_rollouts, tokenizer, retriever, mode):
+    prompts, out = greedy_rollouts(request, engine_name, mode)
     env = SearchR1Environment(tokenizer, SearchTool(None), 200)
     width = out.batch["prompts"].shape[1]
     for row, prompt in enumerate(prompts):
@@ -71,11 +84,12 @@ def test_multi_turn_search_rollout(engine_name, request, tokenizer, retriever, m
     assert int(out.batch["valid_search"].sum()) >= len(prompts)
 
 
-def test_engines_and_modes_agree_on_greedy_rollout(hf_engine, vllm_engine, tokenizer, retriever):
-    """Greedy rollouts (validation) are the same on both engines in both modes, and repeat exactly
-    (the async one twice: arrival order does not change a greedy trajectory)."""
-    runs = {(name, mode): rollout(engine, tokenizer, retriever, mode)[1]
-            for name, engine in (("hf", hf_engine), ("vllm", vllm_engine)) for mode in ("sync", "async")}
+def test_engines_and_modes_agree_on_greedy_rollout(request, greedy_rollouts, vllm_engine, tokenizer, retriever):
+    """Greedy rollouts (validation) are the same on both engines in both modes (the rollouts the
+    multi-turn test checked), and repeat exactly (the async one run again here: arrival order does not
+    change a greedy trajectory)."""
+    runs = {(name, mode): greedy_rollouts(request, f"{name}_engine", mode)[1]
+            for name in ("hf", "vllm") for mode in ("sync", "async")}
     runs["vllm", "async again"] = rollout(vllm_engine, tokenizer, retriever, "async")[1]
     reference = runs["hf", "sync"]
     for key, out in runs.items():
