@@ -19,8 +19,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _command(model_dir, train_file, out_dir, steps: int) -> list[str]:
+    # batches of 2 demonstrations: the bar and the stop are per step whatever its size, and a step's
+    # cost is the LM head over the Qwen vocabulary at every token
     return [sys.executable, "-m", "verl.trainer.fsdp_sft_trainer", f"model.path={model_dir}",
-            f"data.train_files={train_file}", "data.train_batch_size=4", "data.max_token_len_per_gpu=1024",
+            f"data.train_files={train_file}", "data.train_batch_size=2", "data.max_token_len_per_gpu=1024",
             "model.enable_gradient_checkpointing=false", f"trainer.total_training_steps={steps}",
             f"trainer.default_local_dir={out_dir}", "trainer.save_freq=-1", "trainer.save_optimizer=false",
             "trainer.logger=[console]"]
