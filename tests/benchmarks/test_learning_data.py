@@ -31,10 +31,8 @@ def _questions(rows: list[dict]) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("learning")
-    learning_data.build(SHARED, out, seed=19)
-    return out
+def built(learning_data_seed_19) -> Path:
+    return learning_data_seed_19  # the session's build with seed 19 (tests/benchmarks/conftest.py)
 
 
 def test_validation_is_disjoint_from_training(built):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -126,10 +127,8 @@ def test_tag_names_a_run_with_extra_overrides(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "qa").is_dir(), reason=f"shared data not found at {SHARED}")
-def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, capfd):
-    import learning_data
-
-    learning_data.build(SHARED, tmp_path / "data", seed=19)
+def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, learning_data_seed_19, capfd):
+    shutil.copytree(learning_data_seed_19, tmp_path / "data")  # learning_data.build(SHARED, ..., seed=19)
     argv = ["--algo", "gae", "--steps", "2", "--eval_steps", "0,2", "--save_freq", "1", "--profile", "cpu",
             "--model", tiny_qwen_path, "--eval_max_per_source", "1", "--work_dir", str(tmp_path / "work"),
             "--out_dir", str(tmp_path / "out"), "--data", str(tmp_path / "data"), "--budget_s", "1500",
@@ -176,15 +175,14 @@ def test_ppo_run_stops_resumes_and_evaluates_on_cpu(tmp_path, tiny_qwen_path, ca
 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "qa").is_dir(), reason=f"shared data not found at {SHARED}")
-def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, capfd):
+def test_run_evaluates_inside_training_on_cpu(tmp_path, tiny_qwen_path, learning_data_seed_19, capfd):
     """--eval_in_trainer: the trainer validates at the evaluation steps (before training, then every
     gcd of them) and the run's tables come from its per-question dumps: no evaluate.sh process. A
     call whose time runs out (here ``trainer.max_time_s=1``) ends training at a validated step, which
     the JSON reports; the next call goes on from it."""
-    import learning_data
     import pyarrow.parquet as pq
 
-    learning_data.build(SHARED, tmp_path / "data", seed=19)
+    shutil.copytree(learning_data_seed_19, tmp_path / "data")  # learning_data.build(SHARED, ..., seed=19)
     test = pq.read_table(tmp_path / "data" / "test.parquet")
     sources = test.column("data_source").to_pylist()
     pq.write_table(test.take([sources.index(s) for s in dict.fromkeys(sources)]), tmp_path / "data" / "test.parquet")
