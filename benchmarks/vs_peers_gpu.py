@@ -27,16 +27,17 @@ rollout that fits (:data:`UNSUPPORTED`: the run is recorded as skipped with the 
 
 Speed settings, each system's own best documented ones: ours the learning recipe's (engine resident,
 64k-token packed micro-batches, varlen attention, torch.compile), activation checkpointing only at 1.5B;
-veRL's performance-tuning guide (docs/perf/perf_tuning.rst: ``use_remove_padding``, ``use_dynamic_bsz``
-with 64k-token micro-batches, CUDA graphs (``enforce_eager=false``), its default engine sleep during
-training, ``trainer.use_v1`` (its default); checkpointing as ours); TRL's GRPO documentation (vLLM
-colocated; ``gradient_checkpointing`` as ours, which is TRL's default at 1.5B). The same vLLM share of
-the GPU for the three (``gpu_memory_utilization``), so that peak GPU memory compares.
+veRL's performance-tuning guide (docs/perf/perf_tuning.rst: ``use_dynamic_bsz`` with 64k-token
+micro-batches, CUDA graphs (``enforce_eager=false``), its default engine sleep during training,
+``trainer.use_v1`` (its default); checkpointing as ours) but SDPA over padded micro-batches in place of
+the guide's flash-attn with ``use_remove_padding`` (no flash-attn wheel for the device: ``commands.VERL_ATTENTION``);
+TRL's GRPO documentation (vLLM colocated; ``gradient_checkpointing`` as ours, which is TRL's default at
+1.5B). The same vLLM share of the GPU for the three (``gpu_memory_utilization``), so that peak GPU memory
+compares.
 
-Protocol differences (stated in the report): single turn, ours ends a turn at Search-R1's stop strings
-(``</search>``, ``</answer>``); veRL's single-turn agent loop and TRL stop at the EOS or the length
-limit only. With the warm start the peers therefore generate more tokens a step; compare
-``generated_tokens`` and the tokens/s figures beside the step ratio. The random 1.5B policy writes no
+Where a response ends: in all three at Search-R1's stop strings (``</search>``, ``</answer>``, kept), the EOS
+or the length limit (TRL: its ``generation_kwargs``; veRL: ``verl_search.SearchR1SingleTurnAgentLoop``, its
+single-turn loop with the stop strings, as its rollout config has none). The random 1.5B policy writes no
 tags: there every response is 500 tokens in all three. Multi-turn (``search``), both stop at the tags; veRL
 frames an observation as a chat-template ``tool`` turn, cuts it in characters (``CHARS_PER_TOKEN``) and
 ends a row at a turn without a search, where ours appends ``<information>`` inline, cuts in tokens and
@@ -230,7 +231,7 @@ def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, d
         cmd = verl_command(cfg, inputs, args.steps, work, name, verl_trainer)
     else:
         cmd = {"ours": ours_command, "trl": trl_command}[system](cfg, inputs, args.steps, work, name)
-    env = child_env(system, work, tools=cfg.max_turns > 0)
+    env = child_env(system, work)
     probe, before, started = host_probe_ms(), GpuMemorySampler.used_gib(), time.time()
     print(f"+ [{name}/{system}] {' '.join(cmd)}", flush=True)
     # ours from the repo root (its scripts' relative paths); the peers outside it (our verl/ would shadow veRL)

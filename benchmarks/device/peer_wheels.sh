@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Issue 27 (prepared, not yet run on the device): the wheels veRL 0.9.1 and TRL 1.16.0 need on the H200
+# Issue 27: the wheels veRL 0.9.1 and TRL 1.16.0 need on the H200
 # beyond its image and ../shared/device/wheels.sh's set, each peer in a site of its own so that no peer
 # changes ours and ours changes no peer (veRL pins transformers <5.11 and tensordict <=0.10; the device
 # has transformers 5.17 and our site tensordict 0.15).
-#   here (repo root):  bash benchmarks/device/peer_wheels.sh          # fills .whl-peers/ (~28 MB: one carry)
+#   here (repo root):  bash benchmarks/device/peer_wheels.sh          # fills .whl-peers/ (~31 MB: one carry)
 #   device, carrying .whl-peers (after our own wheels are installed in /tmp/site):
 #     STAGE=install bash benchmarks/device/peer_wheels.sh   # /tmp/site-verl and /tmp/site-trl, then an import check
 #   a peer's runs: PYTHONPATH=/tmp/site-verl:/tmp/site (veRL: its transformers and tensordict first),
@@ -11,7 +11,8 @@
 set -euo pipefail
 shared=(datasets dill multiprocess xxhash fsspec pandas python-dateutil pytz tzdata)
 # TransferQueue: veRL 0.9.1's default trainer (trainer.use_v1=true) imports it (its extra "verl-core")
-verl=(verl==0.9.1 transformers==5.9.0 tensordict==0.10.0 codetiming torchdata TransferQueue==0.1.11)
+# tokenizers: transformers 5.9.0 refuses to import beside the device's tokenizers 0.23.2 (it needs <= 0.23.0)
+verl=(verl==0.9.1 transformers==5.9.0 tokenizers==0.22.2 tensordict==0.10.0 codetiming torchdata TransferQueue==0.1.11)
 trl=(trl==1.16.0)
 case "${STAGE:-download}" in
   download)
@@ -32,8 +33,10 @@ case "${STAGE:-download}" in
     for peer in verl trl; do
       python3 -m pip install -q --no-deps --no-index --target "/tmp/site-$peer" .whl-peers/$peer/* .whl-peers/common/*
     done
+    # from outside the repo: there `import verl` would find ours (the current folder comes first)
+    cd /tmp
     PYTHONPATH=/tmp/site-verl:/tmp/site python3 -c \
-      "import importlib.metadata as m, transfer_queue, verl.trainer.main_ppo; print('veRL', *(m.version(p) for p in ('verl', 'transformers', 'tensordict')))"
+      "import importlib.metadata as m, transformers, transfer_queue, verl.trainer.main_ppo; print('veRL', *(m.version(p) for p in ('verl', 'transformers', 'tensordict')))"
     PYTHONPATH=/tmp/site-trl:/tmp/site python3 -c \
       "import importlib.metadata as m; from trl import GRPOTrainer; print('TRL', *(m.version(p) for p in ('trl', 'transformers')))"
     ;;

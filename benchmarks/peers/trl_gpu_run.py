@@ -5,11 +5,12 @@ first (``/tmp/site-trl:/tmp/site``); it imports nothing of ours (the reward is `
 
     python benchmarks/peers/trl_gpu_run.py --questions Q.jsonl --model DIR --steps 5 --out T.json \
         --prompts 64 --generations 8 --max_prompt_length 320 --max_completion_length 320 --lr 2e-5 \
-        --micro_batch 64 --vllm_gpu_memory_utilization 0.3 [--gradient_checkpointing]
+        --micro_batch 64 --vllm_gpu_memory_utilization 0.3 --stop '</search>' '</answer>' [--gradient_checkpointing]
 
 One optimizer step = ``prompts x generations`` completions generated at once by the colocated vLLM
 engine (``generation_batch_size``), then ``gradient_accumulation_steps`` micro-batches of
-``micro_batch`` completions; KL 0.001 against a reference model; fp32 weights and AdamW state with
+``micro_batch`` completions; a completion ends at the EOS, ``--stop`` (vLLM stop strings, kept in the
+completion: TRL's ``generation_kwargs``) or the length limit; KL 0.001 against a reference model; fp32 weights and AdamW state with
 bf16 autocast (``bf16=True``), as ours and veRL keep fp32 masters. Writes ``{"steps": [...]}``
 with per step (seconds): ``step_s``, ``gen_s`` (vLLM generation), ``weight_sync_s`` (the actor's
 weights into vLLM, TRL's ``sync_weights``), ``log_prob_s`` (reward, old and reference log-probs:
@@ -47,7 +48,8 @@ def grpo_config(args: argparse.Namespace):
         gradient_checkpointing=args.gradient_checkpointing, use_vllm=True, vllm_mode="colocate",
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
         vllm_max_model_length=args.max_prompt_length + args.max_completion_length, seed=0,
-        dataloader_num_workers=0)
+        dataloader_num_workers=0,
+        generation_kwargs={"stop": args.stop, "include_stop_str_in_output": True} if args.stop else None)
 
 
 def timed_trainer_class():
@@ -136,6 +138,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--beta", type=float, default=0.001, help="KL coefficient (reference model)")
     ap.add_argument("--micro_batch", type=int, default=64, help="completions a forward/backward pass")
     ap.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3, help="fraction of the GPU for vLLM")
+    ap.add_argument("--stop", nargs="*", default=[], help="strings that end a completion (kept in it)")
     ap.add_argument("--gradient_checkpointing", action="store_true", help="TRL's default; off unless given")
     return ap.parse_args(argv)
 

@@ -1,5 +1,5 @@
-"""Search-R1's multi-turn search in veRL 0.9.1's tool agent loop, against our retriever server (issue 27,
-configuration ``search`` of ``benchmarks/vs_peers_gpu.py``).
+"""Search-R1's protocol in veRL 0.9.1's agent loops (issue 27, ``benchmarks/vs_peers_gpu.py``): the multi-turn
+search of configuration ``search`` against our retriever server, and the single-turn configurations' turn end.
 
 veRL 0.9.1 ships no search tool (its ``verl/tools/`` holds ``base_tool``, ``function_tool``, ``schemas`` and
 ``tool_registry`` only; the Search-R1-like ``search_tool.py`` of earlier releases is gone), and its tool agent
@@ -15,7 +15,10 @@ Search-R1's protocol into veRL's own extension points, each named in the run's c
   ``<answer>`` pair of a turn is its action; a non-empty search becomes a call of the ``search`` tool;
 - :class:`SearchR1ToolAgentLoop` (``agent.agent_loop_config_path``): veRL's ``ToolAgentLoop`` whose turns end
   at Search-R1's stop strings and after ``turn_max_tokens`` tokens (veRL's own loop stops a turn only at the
-  EOS, a parser's stop token ids or the response budget).
+  EOS, a parser's stop token ids or the response budget);
+- :class:`SearchR1SingleTurnAgentLoop` (the same file, single-turn configurations): veRL's
+  ``SingleTurnAgentLoop`` ending at the same stop strings, as ours and TRL's runs do (veRL's rollout config
+  has no stop strings; without them the warm start writes on after ``</answer>`` to the length limit).
 
 It runs in veRL's site only (``PYTHONPATH=/tmp/site-verl:/tmp/site:benchmarks/peers``; veRL's package is also
 called ``verl``); it imports nothing of ours, and only the standard library besides veRL.
@@ -30,6 +33,7 @@ import time
 import urllib.request
 from typing import Any
 
+from verl.experimental.agent_loop.single_turn_agent_loop import SingleTurnAgentLoop
 from verl.experimental.agent_loop.tool_agent_loop import ToolAgentLoop
 from verl.experimental.agent_loop.tool_parser import FunctionCall, ToolParser
 from verl.tools.base_tool import BaseTool
@@ -40,6 +44,11 @@ TOOL_NAME = "search"
 STOP_STRINGS = ("</search>", "</answer>")
 ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)  # Search-R1's action regex
 HEAD, TAIL = "<information>", "</information>"
+
+
+def with_stop(sampling_params: dict[str, Any], stop) -> dict[str, Any]:
+    """vLLM sampling parameters ending generation at ``stop``, the stop string kept in the output."""
+    return {**sampling_params, "stop": [str(s) for s in stop], "include_stop_str_in_output": True}
 
 
 def first_search(text: str) -> str | None:
@@ -128,7 +137,7 @@ class SearchR1ToolAgentLoop(ToolAgentLoop):
 
     def turn_params(self, sampling_params: dict[str, Any], used: int) -> dict[str, Any]:
         """One turn's sampling parameters, ``used`` response tokens into the row."""
-        params = {**sampling_params, "stop": list(self.stop), "include_stop_str_in_output": True}
+        params = with_stop(sampling_params, self.stop)
         if self.turn_max_tokens:
             params["max_tokens"] = max(1, min(int(self.turn_max_tokens), self.response_length - used))
         return params
@@ -136,3 +145,15 @@ class SearchR1ToolAgentLoop(ToolAgentLoop):
     async def _handle_generating_state(self, agent_data, sampling_params: dict[str, Any], ignore_termination: bool = False):
         params = self.turn_params(sampling_params, len(agent_data.response_mask))
         return await super()._handle_generating_state(agent_data, params, ignore_termination)
+
+
+class SearchR1SingleTurnAgentLoop(SingleTurnAgentLoop):
+    """veRL's ``SingleTurnAgentLoop`` whose one generation ends at ``stop`` (the stop string kept)."""
+
+    def __init__(self, *args, stop=STOP_STRINGS, **kwargs):
+        kwargs.pop("name", None)  # the agent loop's registry name, passed along by hydra's instantiate
+        super().__init__(*args, **kwargs)
+        self.stop = [str(s) for s in stop]
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs):
+        return await super().run(with_stop(sampling_params, self.stop), **kwargs)

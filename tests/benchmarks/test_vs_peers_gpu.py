@@ -107,7 +107,10 @@ def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, na
     actor, rollout = config.actor_rollout_ref.actor, config.actor_rollout_ref.rollout
     assert config.data.train_batch_size == cfg.prompts == actor.ppo_mini_batch_size and rollout.n == cfg.n
     assert rollout.response_length == cfg.response_width and rollout.gpu_memory_utilization == cfg.gpu_memory_utilization
-    assert actor.use_remove_padding and actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu == cfg.max_token_len
+    assert actor.use_dynamic_bsz and actor.ppo_max_token_len_per_gpu == cfg.max_token_len
+    # no flash-attn on the device: torch's SDPA over padded micro-batches
+    model = config.actor_rollout_ref.model
+    assert model.override_config.attn_implementation == "sdpa" and not model.use_remove_padding
     assert rollout.log_prob_max_token_len_per_gpu == cfg.max_token_len and rollout.mode == "async"
     assert config.actor_rollout_ref.hybrid_engine and config.trainer.use_v1 == (trainer == "v1")
     assert Path(config.reward.custom_reward_function.path) == ROOT / "benchmarks" / "peers" / "em_reward.py"
@@ -131,7 +134,8 @@ def test_verl_search_overrides_set_its_tool_agent_loop(verl_config_dir, tmp_path
     single = compose_verl(verl_config_dir,
                           commands.verl_overrides(bench.CONFIGS["learning"], INPUTS, 5, tmp_path, "learning"))
     assert not single.actor_rollout_ref.rollout.multi_turn.enable
-    assert single.actor_rollout_ref.rollout.agent.default_agent_loop == "single_turn_agent"
+    assert single.actor_rollout_ref.rollout.agent.default_agent_loop == commands.VERL_SINGLE_TURN_LOOP
+    assert single.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(tmp_path / commands.VERL_LOOP_YAML)
 
 
 def test_a_misspelt_verl_key_is_refused(verl_config_dir, tmp_path):
@@ -239,7 +243,8 @@ def test_trl_runner_builds_a_grpo_config_at_gpu_settings(name, tmp_path):
               "import trl_gpu_run as r; c = r.grpo_config(r.parse_args(sys.argv[1:])); "
               "print(json.dumps({k: getattr(c, k) for k in ('generation_batch_size', 'gradient_accumulation_steps', "
               "'per_device_train_batch_size', 'num_generations', 'use_vllm', 'vllm_mode', 'bf16', "
-              "'gradient_checkpointing', 'beta', 'vllm_gpu_memory_utilization', 'max_completion_length')}))")
+              "'gradient_checkpointing', 'beta', 'vllm_gpu_memory_utilization', 'max_completion_length', "
+              "'generation_kwargs')}))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRL_WHEEL), str(ROOT / "benchmarks" / "peers")])}
     out = subprocess.run([sys.executable, "-c", script, *argv], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -250,17 +255,17 @@ def test_trl_runner_builds_a_grpo_config_at_gpu_settings(name, tmp_path):
     assert config["use_vllm"] and config["vllm_mode"] == "colocate" and config["bf16"] and config["beta"] == 0.001
     assert config["gradient_checkpointing"] == cfg.gradient_checkpointing
     assert config["vllm_gpu_memory_utilization"] == cfg.gpu_memory_utilization
+    # a completion ends at Search-R1's tags, as ours and veRL's do (TRL's vLLM sampling parameters)
+    assert config["generation_kwargs"] == {"stop": ["</search>", "</answer>"], "include_stop_str_in_output": True}
 
 
 def test_each_child_sees_its_own_site_only(tmp_path, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"/tmp/site:{ROOT}")
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     verl = commands.child_env("verl", tmp_path)
-    assert verl["PYTHONPATH"] == "/tmp/site-verl:/tmp/site" and "VLLM_ENABLE_V1_MULTIPROCESSING" not in verl
-    # multi-turn: veRL's workers import the search tool, parser and loop from benchmarks/peers
-    verl_tools = commands.child_env("verl", tmp_path, tools=True)
-    assert verl_tools["PYTHONPATH"] == f"/tmp/site-verl:/tmp/site:{commands.PEERS_DIR}"
-    assert commands.child_env("trl", tmp_path, tools=True)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
+    # veRL's workers import the agent loops (and the search tool and parser) from benchmarks/peers
+    assert verl["PYTHONPATH"] == f"/tmp/site-verl:/tmp/site:{commands.PEERS_DIR}"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in verl
     assert verl["VERL_FILE_LOGGER_PATH"] == str(tmp_path / "verl_metrics.jsonl")
     assert commands.child_env("trl", tmp_path)["PYTHONPATH"] == "/tmp/site-trl:/tmp/site"
     ours = commands.child_env("ours", tmp_path)
@@ -298,7 +303,10 @@ def search_run(tmp_path_factory):
         run_dir = work / "search_verl"
         run_dir.mkdir()
         command = commands.verl_command(cfg, inputs, 5, run_dir, "search")
-        yield {"url": url, "inputs": inputs, "overrides": command[3:], "cfg": cfg}
+        single_dir = work / "learning_verl"  # a single-turn configuration's veRL run on the same rows
+        single_dir.mkdir()
+        single = commands.verl_command(bench.CONFIGS["learning"], inputs, 5, single_dir, "learning")
+        yield {"url": url, "inputs": inputs, "overrides": command[3:], "cfg": cfg, "single_overrides": single[3:]}
 
 
 def test_the_driver_starts_one_retriever_only_when_a_system_searches(search_run, tmp_path):
@@ -358,7 +366,8 @@ rollout = config.actor_rollout_ref.rollout
 tools = load_all_tools(rollout.multi_turn.tool_config_path, rollout.multi_turn.function_tool_path)  # as AgentLoopWorker
 tok = AutoTokenizer.from_pretrained(config.actor_rollout_ref.model.path)
 row = dict(RLHFDataset(config.data.train_files, tok, config.data)[0])
-loop_config = next(c for c in OmegaConf.load(rollout.agent.agent_loop_config_path) if c.name == row["agent_name"])
+agent_name = row.get("agent_name", rollout.agent.default_agent_loop)  # as AgentLoopWorker: the rows' or the default
+loop_config = next(c for c in OmegaConf.load(rollout.agent.agent_loop_config_path) if c.name == agent_name)
 
 
 def ids(text):
@@ -385,12 +394,15 @@ async def rollout_of(turns):
     sent = [c["prompt_ids"] for c in llm.calls]
     appended = [tok.decode(b[len(a) + len(ids(t)):]) for a, b, t in zip(sent, sent[1:], turns)]
     keys = ("stop", "max_tokens", "include_stop_str_in_output")
-    return {"params": [{k: c["params"].get(k) for k in keys} for c in llm.calls], "appended": appended,
-            "num_turns": out.num_turns, "response": tok.decode(out.response_ids, skip_special_tokens=True),
+    return {"loop": type(loop).__name__, "params": [{k: c["params"].get(k) for k in keys} for c in llm.calls],
+            "appended": appended, "num_turns": out.num_turns, "response": tok.decode(out.response_ids, skip_special_tokens=True),
             "mask": list(out.response_mask), "generated": sum(len(ids(t)) for t in turns[:len(llm.calls)])}
 
 
 async def main():
+    runs = [await rollout_of(turns) for turns in spec["runs"]]
+    if not tools:  # single turn
+        return {"runs": runs}
     parser = ToolParser.get_tool_parser(rollout.multi_turn.format, tok)
     parsed = {}
     for text in spec["parse"]:
@@ -398,8 +410,7 @@ async def main():
         parsed[text] = [[c.name, json.loads(c.arguments)] for c in calls]
     long = (await tools[0].execute("id", {"query": "deliberately long lattice passage"}))[0].text
     return {"tools": [[t.name, type(t).__name__, t.url, t.topk, t.max_chars] for t in tools],
-            "tools_kwargs": row["tools_kwargs"], "parsed": parsed, "long": long,
-            "runs": [await rollout_of(turns) for turns in spec["runs"]]}
+            "tools_kwargs": row["tools_kwargs"], "parsed": parsed, "long": long, "runs": runs}
 
 
 print(json.dumps(asyncio.run(main())))
@@ -424,10 +435,10 @@ def verl_site(tmp_path_factory) -> Path:
     return out
 
 
-def run_verl_loop_check(verl_site: Path, search_run: dict, tmp_path: Path) -> dict:
+def run_verl_loop_check(verl_site: Path, overrides: list[str], tmp_path: Path, runs=RUNS) -> dict:
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"config_dir": str(verl_site / "verl" / "trainer" / "config"),
-                                "overrides": search_run["overrides"], "parse": PARSE, "runs": RUNS}))
+                                "overrides": overrides, "parse": PARSE, "runs": runs}))
     script = tmp_path / "verl_loop_check.py"
     script.write_text(VERL_LOOP_CHECK)
     paths = [str(verl_site), str(commands.PEERS_DIR), os.environ.get("PYTHONPATH", "")]
@@ -439,7 +450,7 @@ def run_verl_loop_check(verl_site: Path, search_run: dict, tmp_path: Path) -> di
 
 
 def test_verls_tool_agent_loop_searches_our_retriever_with_search_r1s_turns(verl_site, search_run, tmp_path):
-    cfg, got = search_run["cfg"], run_verl_loop_check(verl_site, search_run, tmp_path)
+    cfg, got = search_run["cfg"], run_verl_loop_check(verl_site, search_run["overrides"], tmp_path)
     # veRL's own loader took our tool config: our server's URL, top-3, the character budget
     assert got["tools"] == [["search", "RetrieverSearchTool", search_run["url"], 3, cfg.obs_chars]]
     assert got["tools_kwargs"]["search"]["create_kwargs"]["question"] == QUESTION
@@ -464,6 +475,17 @@ def test_verls_tool_agent_loop_searches_our_retriever_with_search_r1s_turns(verl
     # max_turns = 2: the third turn's search is not run and the row ends there (ours: the same rule)
     assert len(exhausted["params"]) == 3 and len(exhausted["appended"]) == 2 and exhausted["num_turns"] == 6
 
+
+
+def test_verls_single_turn_loop_ends_at_search_r1s_tags(verl_site, search_run, tmp_path):
+    answer = "<think>the capital</think>\n<answer> Paris </answer>"
+    got = run_verl_loop_check(verl_site, search_run["single_overrides"], tmp_path, runs=[[answer]])
+    (run,) = got["runs"]
+    # veRL's own registry and single-turn loop, one generation asking vLLM for Search-R1's stop strings
+    assert run["loop"] == "SearchR1SingleTurnAgentLoop"
+    assert run["params"] == [{"stop": ["</search>", "</answer>"], "max_tokens": None, "include_stop_str_in_output": True}]
+    assert run["num_turns"] == 2 and sum(run["mask"]) == run["generated"]
+    assert em_reward.compute_score("nq", run["response"], {"target": ["Paris"]}) == 1.0
 
 TRL_TOOLS_CHECK = r'''
 import sys
