@@ -158,3 +158,21 @@ def test_full_params_in_the_rollout_dtype(actor_worker):
     for name, tensor in cast.items():
         assert tensor.dtype == torch.bfloat16 and tensor.device == full[name].device, name
         torch.testing.assert_close(tensor, full[name].to(torch.bfloat16), rtol=0, atol=0)
+
+
+def test_a_plain_process_world_of_one_leaves_the_environment_alone(tmp_path):
+    # a child process: the group must not outlive the check in pytest's own process
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = ("import json, os, torch.distributed as dist; from verl.utils import fsdp_utils; "
+              "fsdp_utils.init_distributed(); "
+              "print(json.dumps([dist.get_world_size(), dist.get_rank(), "
+              "[k for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT') if k in os.environ]]))")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                         check=True)
+    # the rendezvous went to torch only: a later child (a trainer run, torchrun) inherits no stale port
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [1, 0, []]

@@ -66,16 +66,18 @@ def init_distributed() -> None:
     """Initialise ``torch.distributed`` if nobody has (NCCL on GPU, gloo on CPU).
 
     Uses ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` when set (worker groups set them);
-    otherwise a world of one on a free local port, so FSDP2 also runs in a plain process.
+    otherwise a world of one on a free local port, so FSDP2 also runs in a plain process. That
+    rendezvous is given to torch, not written into ``os.environ``: there it would outlive the group and
+    send this process's later children (a trainer run, ``torchrun``) to a world of one on a stale port.
     """
     if dist.is_initialized():
         return
-    if "WORLD_SIZE" not in os.environ:
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+    if "WORLD_SIZE" not in os.environ:
+        dist.init_process_group(backend=backend, init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+        return
     dist.init_process_group(backend=backend)
 
 
