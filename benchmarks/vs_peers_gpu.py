@@ -66,7 +66,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -252,13 +252,28 @@ def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, d
     return result
 
 
+def out_of_memory(result: dict) -> bool:
+    """Whether a failed run's log tail reports a CUDA out-of-memory error."""
+    return any("OutOfMemoryError" in line or "CUDA out of memory" in line for line in result.get("log_tail", []))
+
+
 def run_verl(name: str, cfg: BenchConfig, inputs: Inputs, args, deadline: float, trainers: list[str]) -> dict:
     """veRL with its default v1 trainer; when that logs no step (e.g. TransferQueue fails on the
-    device), once more with the legacy v0 trainer, which later configurations then use (``trainers``)."""
+    device), once more with the legacy v0 trainer, which later configurations then use (``trainers``).
+    A run that ran out of GPU memory is repeated once at half the micro-batch token budget
+    (``verl_max_token_len`` in the result): veRL pads its micro-batches (``commands.VERL_ATTENTION``),
+    so the same budget of real tokens takes more memory there than in ours."""
+    def time_left() -> bool:
+        return deadline - time.time() > args.min_run_s
+
     result = run_system("verl", name, cfg, inputs, args, deadline, trainers[0])
-    if not result["steps"] and trainers == ["v1", "v0"] and deadline - time.time() > args.min_run_s:
+    if not result["steps"] and trainers == ["v1", "v0"] and time_left():
         trainers.pop(0)
-        return {**run_system("verl", name, cfg, inputs, args, deadline, "v0"), "v1_attempt": result}
+        result = {**run_system("verl", name, cfg, inputs, args, deadline, "v0"), "v1_attempt": result}
+    if not result["steps"] and out_of_memory(result) and time_left():
+        half = replace(cfg, max_token_len=cfg.max_token_len // 2)
+        result = {**run_system("verl", name, half, inputs, args, deadline, trainers[0]),
+                  "verl_max_token_len": half.max_token_len, "out_of_memory_attempt": result}
     return result
 
 

@@ -541,3 +541,29 @@ def test_a_peer_that_cannot_run_a_configuration_is_recorded_with_the_reason(tmp_
     assert body["ratio_absent"] == {"ratio_step_vs_trl": {"search": bench.UNSUPPORTED["search", "trl"]}}
     assert body["configs"]["search"]["response_width"] == 1728 and body["configs"]["search"]["obs_chars"] == 1536
     assert body["configs"]["search"]["retriever"]["topk"] == 3
+
+
+def test_verl_falls_back_to_v0_then_halves_its_token_budget_after_running_out_of_memory(tmp_path, monkeypatch):
+    calls, outcomes = [], []
+
+    def scripted_run(system, name, cfg, inputs, args, deadline, verl_trainer="v1"):
+        calls.append((system, verl_trainer, cfg.max_token_len))
+        return outcomes.pop(0)
+
+    monkeypatch.setattr(bench, "run_system", scripted_run)
+    args = bench.parse_args(["--warm_start", "/w", "--work_dir", str(tmp_path)])
+    cfg, trainers, full = bench.CONFIGS["learning"], ["v1", "v0"], bench.CONFIGS["learning"].max_token_len
+    outcomes[:] = [{"steps": [], "log_tail": ["ModuleNotFoundError: No module named 'transfer_queue'"]},
+                   {"steps": [], "log_tail": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.00 GiB"]},
+                   {"steps": [{"step_s": 5.0}]}]
+    result = bench.run_verl("learning", cfg, INPUTS, args, 1e18, trainers)
+    assert calls == [("verl", "v1", full), ("verl", "v0", full), ("verl", "v0", full // 2)]
+    assert trainers == ["v0"] and result["steps"] and result["verl_max_token_len"] == full // 2
+    assert "CUDA out of memory" in result["out_of_memory_attempt"]["log_tail"][0]
+    assert "transfer_queue" in result["out_of_memory_attempt"]["v1_attempt"]["log_tail"][0]
+    # any other failure is recorded as it is, not repeated
+    calls.clear()
+    outcomes[:] = [{"steps": [], "log_tail": ["ImportError: FlashAttention2 has been toggled on"]}]
+    assert bench.run_verl("learning", cfg, INPUTS, args, 1e18, trainers) == {
+        "steps": [], "log_tail": ["ImportError: FlashAttention2 has been toggled on"]}
+    assert calls == [("verl", "v0", full)]
