@@ -46,9 +46,9 @@ ACTION = re.compile(r"<(search|answer)>(.*?)</\1>", re.DOTALL)  # Search-R1's ac
 HEAD, TAIL = "<information>", "</information>"
 
 
-def with_stop(sampling_params: dict[str, Any], stop) -> dict[str, Any]:
+def with_stop(sampling_params: dict[str, Any], stop: list[str]) -> dict[str, Any]:
     """vLLM sampling parameters ending generation at ``stop``, the stop string kept in the output."""
-    return {**sampling_params, "stop": [str(s) for s in stop], "include_stop_str_in_output": True}
+    return {**sampling_params, "stop": list(stop), "include_stop_str_in_output": True}
 
 
 def first_search(text: str) -> str | None:
