@@ -34,6 +34,13 @@ send_compile_cache() {  # with SEND_COMPILE_CACHE=1, once, after the first train
   echo "compile cache: $(cat "$out"/compile_cache.tgz.part* | wc -c) bytes in $(ls "$out"/compile_cache.tgz.part* | wc -l) parts"
 }
 
+run_from_snapshot() {  # cd into a copy of the tree, for a run that outlives this call: every call copies the
+  # tree it runs in afresh, and a child started during a later call's copy found our modules missing
+  rm -rf "$work/repo" && mkdir -p "$work/repo"
+  tar -c --exclude=./.whl --exclude=./.whl-big --exclude=./.whl-peers --exclude=./.venv . | tar -x -C "$work/repo"
+  cd "$work/repo" && export PYTHONPATH=/tmp/site:$PWD
+}
+
 install_wheels() {  # the parts copied so far and .whl (carried by this call), into /tmp/site once
   mkdir -p .whl-big && cp /tmp/parts/* .whl-big/
   local started

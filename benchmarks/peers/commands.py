@@ -34,6 +34,11 @@ VERL_TOOL_YAML, VERL_LOOP_YAML = "verl_search_tool.yaml", "verl_agent_loop.yaml"
 # veRL's next path is torch's SDPA over padded micro-batches (its remove-padding path on SDPA would build a
 # dense (tokens x tokens) mask over each 64k-token packed micro-batch)
 VERL_ATTENTION = "sdpa"
+# and its documented fused log-prob head, which on the padded path spares the (tokens x vocab) fp32 logits
+# (12.9 GB a 64k-token micro-batch at SmolLM2's vocabulary; the first H200 run without it peaked at 121 GiB
+# allocated). Backend "torch": exact, chunked, runs on any device (its Triton kernel is GPU-only, untested here)
+VERL_FUSED_KERNELS = ("actor_rollout_ref.model.use_fused_kernels=true",
+                      "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch")
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,7 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
         f"data.max_prompt_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.response_width}",
         "data.filter_overlong_prompts=true", "data.shuffle=false",
         f"actor_rollout_ref.model.path={inputs.model}", "actor_rollout_ref.model.use_remove_padding=false",
-        f"+actor_rollout_ref.model.override_config.attn_implementation={VERL_ATTENTION}",
+        f"+actor_rollout_ref.model.override_config.attn_implementation={VERL_ATTENTION}", *VERL_FUSED_KERNELS,
         f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
         f"{actor}.optim.lr={cfg.lr}", f"{actor}.ppo_mini_batch_size={cfg.prompts}", f"{actor}.use_dynamic_bsz=true",
         f"{actor}.ppo_max_token_len_per_gpu={cfg.max_token_len}", f"{actor}.use_kl_loss=true",

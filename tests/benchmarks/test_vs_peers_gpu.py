@@ -111,6 +111,7 @@ def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, na
     # no flash-attn on the device: torch's SDPA over padded micro-batches
     model = config.actor_rollout_ref.model
     assert model.override_config.attn_implementation == "sdpa" and not model.use_remove_padding
+    assert model.use_fused_kernels and model.fused_kernel_options.impl_backend == "torch"
     assert rollout.log_prob_max_token_len_per_gpu == cfg.max_token_len and rollout.mode == "async"
     assert config.actor_rollout_ref.hybrid_engine and config.trainer.use_v1 == (trainer == "v1")
     assert Path(config.reward.custom_reward_function.path) == ROOT / "benchmarks" / "peers" / "em_reward.py"
@@ -423,16 +424,57 @@ RUNS = [["<think>need the capital</think>\n<search> capital of France </search>"
 
 
 @pytest.fixture(scope="module")
-def verl_site(tmp_path_factory) -> Path:
+def verl_code(tmp_path_factory) -> Path:
     """veRL 0.9.1 unpacked from its wheel (code and configs), for a child process."""
     if not VERL_WHEEL.exists():
         pytest.skip(f"{VERL_WHEEL.name} {NO_WHEEL}")
-    if importlib.util.find_spec("orjson") is None:
-        pytest.skip("veRL's agent loop imports orjson (a veRL dependency, in its site on the device), not in this env")
     out = tmp_path_factory.mktemp("verl091_site")
     with zipfile.ZipFile(VERL_WHEEL) as wheel:
         wheel.extractall(out)
     return out
+
+
+@pytest.fixture(scope="module")
+def verl_site(verl_code) -> Path:
+    """veRL's code where its agent loop can import (it needs orjson, in veRL's site on the device)."""
+    if importlib.util.find_spec("orjson") is None:
+        pytest.skip("veRL's agent loop imports orjson (a veRL dependency, in its site on the device), not in this env")
+    return verl_code
+
+
+VERL_FUSED_CHECK = r'''
+import json, torch
+from transformers import LlamaConfig, LlamaForCausalLM
+from verl.models.transformers.monkey_patch import patch_forward_with_backends
+torch.manual_seed(0)
+config = LlamaConfig(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     num_key_value_heads=2, tie_word_embeddings=True, attn_implementation="sdpa")
+model = LlamaForCausalLM(config).eval()
+mask = (torch.arange(12) < torch.tensor([12, 7, 4])[:, None]).long()
+ids = torch.randint(3, 512, (3, 12)) * mask  # right-padded, as veRL pads a micro-batch without remove-padding
+position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+with torch.no_grad():
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=position_ids).logits.float()
+    want = torch.log_softmax(logits, -1).gather(-1, torch.roll(ids, -1, -1)[..., None])[..., 0]
+    patch_forward_with_backends(model, use_fused_kernels=True, fused_kernels_backend=BACKEND)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=position_ids, return_dict=True, temperature=1.0)
+    print(json.dumps({"logits": out.logits is None, "shape": list(out.log_probs.shape),
+                      "max_err": float(((out.log_probs - want) * mask).abs().max())}))
+'''
+
+
+def test_verls_fused_log_prob_head_on_padded_sdpa_gives_the_plain_log_probs(verl_code, tmp_path):
+    """The head our veRL overrides select (VERL_FUSED_KERNELS) on veRL 0.9.1's own code: padded SDPA input, no
+    logits materialised, the same log-probs as log_softmax over the full logits."""
+    backend = next(o.split("=")[1] for o in commands.VERL_FUSED_KERNELS if "impl_backend" in o)
+    script = tmp_path / "fused_check.py"
+    script.write_text(VERL_FUSED_CHECK.replace("BACKEND", repr(backend)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(verl_code), os.environ.get("PYTHONPATH")]))}
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["logits"] and result["shape"] == [3, 12] and result["max_err"] < 1e-5
 
 
 def run_verl_loop_check(verl_site: Path, overrides: list[str], tmp_path: Path, runs=RUNS) -> dict:

@@ -1,0 +1,69 @@
+"""The device drivers' helpers that run unchanged here: benchmarks/device/install_missing.py installs only
+the wheels whose distribution is absent, and common.sh's ``run_from_snapshot`` moves a detached run into a
+copy of the tree that a later call's fresh copy of the tree cannot touch."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+INSTALL_MISSING = ROOT / "benchmarks" / "device" / "install_missing.py"
+
+
+def write_wheel(folder: Path, dist: str, version: str) -> Path:
+    """A minimal pure wheel (PEP 427): one module named after the distribution and its dist-info."""
+    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(f"{dist}_probe.py", "VALUE = 1\n")
+        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def test_only_the_distributions_this_interpreter_lacks_are_installed(tmp_path):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    write_wheel(wheels, "packaging", "0.0.1")  # installed here (pytest needs it): must be left alone
+    write_wheel(wheels, "zz_search_r1_absent", "1.0")
+    target = tmp_path / "site"
+    done = subprocess.run([sys.executable, str(INSTALL_MISSING), str(wheels), str(target)],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "1 of 2" in done.stdout and "zz_search_r1_absent" in done.stdout
+    assert (target / "zz_search_r1_absent_probe.py").exists()
+    assert not (target / "packaging_probe.py").exists()
+    assert not any(p.name.startswith("packaging-") for p in target.iterdir())
+
+
+def test_an_empty_wheel_folder_is_an_error_naming_it(tmp_path):
+    done = subprocess.run([sys.executable, str(INSTALL_MISSING), str(tmp_path), str(tmp_path / "site")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert str(tmp_path) in done.stderr
+
+
+def test_a_detached_run_works_in_a_snapshot_the_next_calls_copy_cannot_touch(tmp_path):
+    tree, work = tmp_path / "tree", tmp_path / "work"
+    (tree / "benchmarks" / "device").mkdir(parents=True)
+    (tree / "benchmarks" / "device" / "common.sh").write_text((ROOT / "benchmarks/device/common.sh").read_text())
+    (tree / "verl").mkdir()
+    (tree / "verl" / "main_ppo.py").write_text("print('ok')\n")
+    (tree / ".whl-big").mkdir()
+    (tree / ".whl-big" / "vllm.part00").write_bytes(b"x" * 1024)
+    script = f"work={work}; source benchmarks/device/common.sh; run_from_snapshot; pwd; echo $PYTHONPATH"
+    done = subprocess.run(["bash", "-c", script], cwd=tree, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OUT": str(tmp_path / "out")})
+    assert done.returncode == 0, done.stderr
+    cwd, pythonpath = done.stdout.split()[-2:]
+    assert Path(cwd) == work / "repo" and pythonpath == f"/tmp/site:{work / 'repo'}"
+    assert (work / "repo" / "verl" / "main_ppo.py").exists()
+    assert not (work / "repo" / ".whl-big").exists()  # the wheel parts stay where the install reads them
+    # a later call's fresh copy of the tree (here: the tree's modules gone) leaves the snapshot whole
+    (tree / "verl" / "main_ppo.py").unlink()
+    assert (work / "repo" / "verl" / "main_ppo.py").read_text() == "print('ok')\n"
