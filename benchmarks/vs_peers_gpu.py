@@ -91,6 +91,9 @@ CONFIGS = {
     "search": BenchConfig("warm_start", None, 64, 8, 320, 320, 2e-5, 0.3, False, 65536, 64, max_turns=2,
                           max_obs_length=384),
 }
+# seconds one run may take unless --run_timeout_s says otherwise: start-up, step 1's compile and the steps
+# (qwen1.5b on the H200: ours' step 1 took 258 s, its later steps ~150 s estimated)
+RUN_TIMEOUT_S = {"learning": 480.0, "qwen1.5b": 1200.0, "search": 600.0}
 # (configuration, system) pairs that cannot run, with the reason (the JSON keeps it in place of the run)
 UNSUPPORTED = {
     ("search", "trl"): (
@@ -237,7 +240,7 @@ def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, d
     # ours from the repo root (its scripts' relative paths); the peers outside it (our verl/ would shadow veRL)
     with GpuMemorySampler() as gpu:
         returncode = run_child(cmd, env, ROOT if system == "ours" else work, work / "run.log",
-                               min(deadline, started + args.run_timeout_s))
+                               min(deadline, started + (args.run_timeout_s or RUN_TIMEOUT_S[name])))
     if system != "trl":
         stop_ray(env)
     relative, reader = RECORDS[system]
@@ -356,7 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--work_dir", default="/tmp/vs_peers")
     parser.add_argument("--out_dir", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--budget_s", type=float, default=1200.0, help="seconds for all runs; a run is cut at the end")
-    parser.add_argument("--run_timeout_s", type=float, default=480.0, help="seconds a run at most")
+    parser.add_argument("--run_timeout_s", type=float, default=None,
+                        help=f"seconds a run at most (default: the configuration's, {RUN_TIMEOUT_S})")
     parser.add_argument("--min_run_s", type=float, default=150.0, help="start no run with less of the budget left")
     parser.add_argument("--verl_trainer", choices=("v1", "v0"), default=None,
                         help="only this veRL trainer (default: v1, falling back to v0 when v1 logs no step)")
