@@ -615,38 +615,3 @@ def test_every_configuration_has_a_run_limit():
     assert set(bench.RUN_TIMEOUT_S) == set(bench.CONFIGS)
     assert bench.parse_args(["--warm_start", "/m"]).run_timeout_s is None  # then the configuration's
 
-
-def hold_run(step_s: float, memory_gib: float, enough: bool = True) -> dict:
-    return {"median": {"step_s": step_s}, "peak_gpu_memory_gib": memory_gib, "enough_steps": enough}
-
-
-def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
-    import vs_peers_merge
-
-    a = {"meta": {"commit": "a"}, "goal": "g", "results": {
-        "qwen1.5b": {"ours": hold_run(150.0, 100.0), "verl": hold_run(300.0, 125.0)},
-        "learning": {"ours": hold_run(3.0, 90.0), "trl": hold_run(9.0, 95.0, enough=False)}}}
-    b = {"meta": {"commit": "b"}, "goal": "g", "ratio_absent": {"search": {"trl": "why"}}, "results": {
-        "qwen1.5b": {"ours": hold_run(160.0, 100.0), "trl": hold_run(320.0, 110.0)}}}
-    paths = []
-    for name, hold in (("hold_a.json", a), ("hold_b.json", b)):
-        paths.append(tmp_path / name)
-        paths[-1].write_text(json.dumps(hold))
-    out = tmp_path / "merged.json"
-    assert vs_peers_merge.main([*map(str, paths), "--out", str(out)]) == 0
-    merged = json.loads(out.read_text())
-    # veRL's ratio against hold A's ours (150 s), TRL's against hold B's (160 s): never across holds
-    assert merged["ratio_step_vs_verl"] == {"qwen1.5b": 2.0} and merged["ratio_step_vs_trl"] == {"qwen1.5b": 2.0}
-    assert merged["ratio_memory_vs_verl"] == {"qwen1.5b": 0.8}
-    assert {peer: {name: pair["hold"] for name, pair in by_name.items()} for peer, by_name in merged["pairs"].items()
-            } == {"verl": {"qwen1.5b": "hold_a.json"}, "trl": {"qwen1.5b": "hold_b.json"}}
-    assert merged["pairs"]["trl"]["qwen1.5b"]["ours"]["median"] == {"step_s": 160.0}
-    assert "learning" not in merged["ratio_step_vs_trl"]  # TRL's run there had too few steps
-    assert merged["ratio_absent"] == {"search": {"trl": "why"}}
-    assert merged["holds"] == [{"file": "hold_a.json", "meta": {"commit": "a"}},
-                               {"file": "hold_b.json", "meta": {"commit": "b"}}]
-    bad = tmp_path / "bad.json"
-    bad.write_text('{"results": {}}')
-    with pytest.raises(SystemExit):
-        vs_peers_merge.main([str(bad), "--out", str(out)])
-    assert "bad.json" in capsys.readouterr().err
