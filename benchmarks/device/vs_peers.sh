@@ -22,7 +22,9 @@
 #                                                    # less this call's time less END_MARGIN_S (60), or BUDGET_S
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/vs_peers.sh   # repeat until it prints "vs_peers: done"
 # Env for start: CONFIGS (learning,qwen1.5b; or search, or all three), SYSTEMS (ours,verl,trl), STEPS (5),
-# ARGS (more flags).
+# ARGS (more flags). qwen1.5b's three runs do not fit one hold: CONFIGS=qwen1.5b SYSTEMS=ours,verl STEPS=4 in
+# one, SYSTEMS=ours,trl STEPS=4 in another; keep each hold's JSON as benchmarks/results/
+# vs_peers_gpu_<date>_hold<N>.json and rebuild the report with benchmarks/vs_peers_merge.py.
 # /tmp/vs_peers keeps data, models, indexes, logs and the merged JSON between calls; each poll's $OUT gets
 # vs_peers_gpu.json, the driver's log and the tails of the 6 latest runs' logs (at most 8 files come back).
 set -uo pipefail
