@@ -39,6 +39,11 @@ VERL_ATTENTION = "sdpa"
 # allocated). Backend "torch": exact, chunked, runs on any device (its Triton kernel is GPU-only, untested here)
 VERL_FUSED_KERNELS = ("actor_rollout_ref.model.use_fused_kernels=true",
                       "actor_rollout_ref.model.fused_kernel_options.impl_backend=torch")
+# ours skips the old-log-prob pass on-policy (one update a batch: old = its own log-probs, detached); veRL's
+# documented way to skip it is its rollout-correction "bypass" mode, old = the rollout's (vLLM's) log-probs
+# (docs/algo/rollout_corr.md), so that veRL too runs two passes a step, not three
+VERL_SKIP_OLD_LOG_PROBS = ("algorithm.rollout_correction.bypass_mode=true",
+                           "actor_rollout_ref.rollout.calculate_log_probs=true")
 
 
 @dataclass(frozen=True)
@@ -145,7 +150,7 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
     ckpt = "true" if cfg.gradient_checkpointing else "false"
     parquet = inputs.data_dir / ("verl_train.parquet" if cfg.max_turns else "train.parquet")
     return [
-        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false",
+        "algorithm.adv_estimator=grpo", "algorithm.use_kl_in_reward=false", *VERL_SKIP_OLD_LOG_PROBS,
         f"data.train_files={parquet}", f"data.val_files={parquet}", f"data.train_batch_size={cfg.prompts}",
         f"data.max_prompt_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.response_width}",
         "data.filter_overlong_prompts=true", "data.shuffle=false",

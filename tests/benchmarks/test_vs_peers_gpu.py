@@ -112,6 +112,8 @@ def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, na
     model = config.actor_rollout_ref.model
     assert model.override_config.attn_implementation == "sdpa" and not model.use_remove_padding
     assert model.use_fused_kernels and model.fused_kernel_options.impl_backend == "torch"
+    # no old-log-prob pass: veRL's bypass mode takes the rollout's log-probs, which vLLM must then return
+    assert config.algorithm.rollout_correction.bypass_mode and rollout.calculate_log_probs
     assert rollout.log_prob_max_token_len_per_gpu == cfg.max_token_len and rollout.mode == "async"
     assert config.actor_rollout_ref.hybrid_engine and config.trainer.use_v1 == (trainer == "v1")
     assert Path(config.reward.custom_reward_function.path) == ROOT / "benchmarks" / "peers" / "em_reward.py"
