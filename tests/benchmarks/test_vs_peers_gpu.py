@@ -79,14 +79,20 @@ def test_our_search_command_passes_our_config_check_at_the_learning_recipes_roll
 
 
 @pytest.fixture(scope="module")
-def verl_config_dir(tmp_path_factory) -> Path:
-    """veRL 0.9.1's own Hydra tree (verl/trainer/config/**.yaml), unpacked from its wheel."""
+def verl_code(tmp_path_factory) -> Path:
+    """veRL 0.9.1 unpacked from its wheel (code and configs), for a child process."""
     if not VERL_WHEEL.exists():
         pytest.skip(f"{VERL_WHEEL.name} {NO_WHEEL}")
-    out = tmp_path_factory.mktemp("verl091")
+    out = tmp_path_factory.mktemp("verl091_site")
     with zipfile.ZipFile(VERL_WHEEL) as wheel:
-        wheel.extractall(out, [n for n in wheel.namelist() if n.startswith("verl/trainer/config/") and n.endswith(".yaml")])
-    return out / "verl" / "trainer" / "config"
+        wheel.extractall(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def verl_config_dir(verl_code) -> Path:
+    """veRL 0.9.1's own Hydra tree (verl/trainer/config/**.yaml)."""
+    return verl_code / "verl" / "trainer" / "config"
 
 
 def compose_verl(config_dir: Path, overrides: list[str]):
@@ -423,17 +429,6 @@ PARSE = ["<think>x</think>\n<search> capital of France </search>", "<answer>Pari
 RUNS = [["<think>need the capital</think>\n<search> capital of France </search>",
          "<think>the tower too</think>\n<search>Eiffel Tower</search>", "<answer> Paris </answer>"],
         ["<search>Berlin</search>", "<search>Paris</search>", "<search>a third search</search>", "never asked"]]
-
-
-@pytest.fixture(scope="module")
-def verl_code(tmp_path_factory) -> Path:
-    """veRL 0.9.1 unpacked from its wheel (code and configs), for a child process."""
-    if not VERL_WHEEL.exists():
-        pytest.skip(f"{VERL_WHEEL.name} {NO_WHEEL}")
-    out = tmp_path_factory.mktemp("verl091_site")
-    with zipfile.ZipFile(VERL_WHEEL) as wheel:
-        wheel.extractall(out)
-    return out
 
 
 @pytest.fixture(scope="module")
