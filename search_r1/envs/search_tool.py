@@ -107,27 +107,30 @@ class SearchTool:
         if self.client is None:
             return [[] for _ in queries]
         unique = list(dict.fromkeys(queries))
-        results = self.client.retrieve(unique)
-        if len(results) != len(unique):
-            raise RuntimeError(f"retriever returned {len(results)} result lists for {len(unique)} queries")
-        by_query = dict(zip(unique, results))
-        return [by_query[query] for query in queries]
+        return _by_query(queries, unique, self.client.retrieve(unique))
 
     @contextlib.asynccontextmanager
-    async def session(self) -> AsyncIterator[Callable[[str], Awaitable[list[dict]]]]:
-        """``async search(query) -> passages`` over one connection pool (the async loop's session)."""
+    async def session(self) -> AsyncIterator[Callable[[list[str]], Awaitable[list[list[dict]]]]]:
+        """``async search(queries) -> passages lists``, as :meth:`search` (repeated queries sent
+        once), over one connection pool (the async loop's session)."""
         if self.client is None:
-            async def nothing(query: str) -> list[dict]:
-                return []
+            async def nothing(queries: list[str]) -> list[list[dict]]:
+                return [[] for _ in queries]
             yield nothing
             return
         async with self.client.session() as retrieve:
-            async def search(query: str) -> list[dict]:
-                results = await retrieve([query])
-                if len(results) != 1:
-                    raise RuntimeError(f"retriever returned {len(results)} result lists for 1 query")
-                return results[0]
+            async def search(queries: list[str]) -> list[list[dict]]:
+                unique = list(dict.fromkeys(queries))
+                return _by_query(queries, unique, await retrieve(unique))
             yield search
+
+
+def _by_query(queries: list[str], unique: list[str], results: list[list[dict]]) -> list[list[dict]]:
+    """The passages lists of ``queries`` from those of their ``unique`` queries, in order."""
+    if len(results) != len(unique):
+        raise RuntimeError(f"retriever returned {len(results)} result lists for {len(unique)} queries")
+    by_query = dict(zip(unique, results))
+    return [by_query[query] for query in queries]
 
 
 class SearchEnvironment(Environment):
@@ -143,10 +146,10 @@ class SearchEnvironment(Environment):
         return [self.render(docs) for docs in self.tool.search([call.content for call in calls])]
 
     @contextlib.asynccontextmanager
-    async def tool_session(self) -> AsyncIterator[Callable[[Action], Awaitable[Observation]]]:
+    async def tool_session(self) -> AsyncIterator[Callable[[list[Action]], Awaitable[list[Observation]]]]:
         async with self.tool.session() as search:
-            async def call(action: Action) -> Observation:
-                return self.render(await search(action.content))
+            async def call(actions: list[Action]) -> list[Observation]:
+                return [self.render(docs) for docs in await search([action.content for action in actions])]
             yield call
 
     def bind(self, tokenizer) -> "SearchEnvironment":

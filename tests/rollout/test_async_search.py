@@ -1,4 +1,4 @@
-"""Searches of the async rollout: the in-flight cap, the latency proxy of the benchmark.
+"""Searches of the async rollout: batched requests, the in-flight cap, the benchmark's latency proxy.
 
 Real BM25 retrieval server on 127.0.0.1, behind the benchmark's latency proxy (a real HTTP hop
 that holds each request for a fixed time, so concurrent searches overlap for sure).
@@ -12,8 +12,9 @@ import pytest
 
 from benchmarks.latency_proxy import LatencyModel, launch_proxy
 from search_r1.search.client import RetrieverClient
+from search_r1.search.passages import format_passages
 from tests.rollout.scripted import ScriptedEngine, search_loop
-from tests.rollout.test_generation_loop import PARAMS, make_batch
+from tests.rollout.test_generation_loop import PARAMS, make_batch, response_text
 
 
 @pytest.fixture(scope="module")
@@ -23,21 +24,44 @@ def slow_retriever_url(retriever_server):
     proxy.stop()
 
 
-def test_async_search_cap_bounds_searches_in_flight(tokenizer, slow_retriever_url):
-    """8 rows search at once; with ``max_concurrency=3`` the server never sees more than 3."""
+def _searching_rows(tokenizer, queries: list[str]):
+    prompts, batch = make_batch(tokenizer, [f"q{i}" for i in range(len(queries))])
+    scripts = [[f"<search>{query}</search>", "<answer>x</answer>"] for query in queries]
+    return ScriptedEngine(tokenizer, prompts, scripts), batch
+
+
+ASYNC = dict(max_turns=2, max_response_length=400, max_obs_length=200, mode="async")
+
+
+def test_async_searches_of_one_engine_step_go_in_one_request(tokenizer, slow_retriever_url):
+    """8 rows search after the same engine step: one request carries their queries, a query
+    several rows ask is sent once, and every row gets its own query's passages."""
     proxy = slow_retriever_url
     proxy.stats(reset=True)
-    questions = [f"q{i}" for i in range(8)]
-    prompts, batch = make_batch(tokenizer, questions)
-    engine = ScriptedEngine(tokenizer, prompts, [["<search>England writer</search>", "<answer>x</answer>"]] * 8)
-    client = RetrieverClient(proxy.retrieve_url, topk=2, max_concurrency=3)
-    config = dict(max_turns=2, max_response_length=400, max_obs_length=200, mode="async")
-    out = search_loop(tokenizer, engine, client, **config).run(batch, PARAMS)
+    queries = [f"England writer {i % 5}" for i in range(8)]
+    engine, batch = _searching_rows(tokenizer, queries)
+    client = RetrieverClient(proxy.retrieve_url, topk=2, max_concurrency=256)
+    out = search_loop(tokenizer, engine, client, **ASYNC).run(batch, PARAMS)
     after = proxy.stats()
     assert out.batch["valid_search"].tolist() == [1] * 8 and out.batch["finished"].tolist() == [1] * 8
-    assert after["requests"] == 8 and after["queries"] == 8
-    assert after["peak_in_flight"] == 3  # the cap, reached (8 searches waiting, 300 ms each)
+    assert after["requests"] == 1 and after["queries"] == 5
+    for i, passages in enumerate(client.retrieve(queries)):
+        assert format_passages(passages).strip()[:80] in response_text(tokenizer, out, i, masked=False)
+
+
+def test_async_search_cap_bounds_searches_in_flight(tokenizer, slow_retriever_url):
+    """8 rows search at once; with ``max_concurrency=3`` at most 3 searches are in flight: they go
+    3, 3 and 2 a request (each held 300 ms by the proxy), never overlapping."""
+    proxy = slow_retriever_url
+    proxy.stats(reset=True)
+    engine, batch = _searching_rows(tokenizer, [f"England writer {i}" for i in range(8)])
+    client = RetrieverClient(proxy.retrieve_url, topk=2, max_concurrency=3)
+    out = search_loop(tokenizer, engine, client, **ASYNC).run(batch, PARAMS)
+    after = proxy.stats()
+    assert out.batch["valid_search"].tolist() == [1] * 8 and out.batch["finished"].tolist() == [1] * 8
+    assert after["requests"] == 3 and after["queries"] == 8 and after["peak_in_flight"] == 1
     assert out.meta_info["timing"]["peak_tool_calls_in_flight"] == 3.0
+    assert out.meta_info["timing"]["tool_s"] >= 3 * 0.3
 
 
 def test_sync_loop_keeps_the_same_cap_in_queries(tokenizer, slow_retriever_url):

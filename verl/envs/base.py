@@ -156,13 +156,13 @@ class Environment(abc.ABC):
         """
 
     @contextlib.asynccontextmanager
-    async def tool_session(self) -> AsyncIterator[Callable[[Action], Awaitable[Observation]]]:
-        """``async call(action) -> Observation`` for one async rollout (one call per trajectory
-        turn), entered on an event loop of its own thread. The default runs :meth:`call_tools` in
-        a worker thread; environments with an async client override it (one connection pool)."""
-        async def call(action: Action) -> Observation:
-            (observation,) = await asyncio.to_thread(self.call_tools, [action])
-            return observation
+    async def tool_session(self) -> AsyncIterator[Callable[[list[Action]], Awaitable[list[Observation]]]]:
+        """``async call(actions) -> observations`` (one per action, in order) for one async rollout,
+        entered on an event loop of its own thread; the rollout batches the calls its trajectories
+        make at about the same time. The default runs :meth:`call_tools` in a worker thread;
+        environments with an async client override it (one connection pool for the rollout)."""
+        async def call(actions: list[Action]) -> list[Observation]:
+            return await asyncio.to_thread(self.call_tools, actions)
         yield call
 
     # ---- scoring and reading trajectories ---------------------------------------------------------
