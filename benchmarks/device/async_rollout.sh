@@ -11,6 +11,8 @@
 #     bash benchmarks/device/async_rollout.sh               # detached: MODELS' rollouts and STEP_MODEL's steps,
 #                                                           # then THEN_MODELS' rollouts merged into the same JSON
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/async_rollout.sh   # repeat until "async_rollout: done"
+# MERGE_FROM=benchmarks/results/async_rollout.json (at start) extends the committed report (another hold's models).
+# Poll back to back: a gap over 30 s between calls gives the machine back and loses the run.
 # Each poll's $OUT gets async_rollout.json (the report so far: it is saved after every model) and the log.
 set -uo pipefail
 work=/tmp/async_rollout
@@ -30,6 +32,7 @@ case "${STAGE:-poll}" in
     run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
     first="python3 benchmarks/async_rollout.py --out_dir $work/results --models ${MODELS:-warm_start}"
     first+=" --step_model ${STEP_MODEL:-none} ${ARGS:-}"
+    [ -n "${MERGE_FROM:-}" ] && first+=" --merge_from $MERGE_FROM"  # an earlier report in the tree, extended
     then=":"
     if [ -n "${THEN_MODELS:-}" ]; then
       then="python3 benchmarks/async_rollout.py --out_dir $work/results --models $THEN_MODELS --step_model none"
