@@ -43,10 +43,7 @@ case "${STAGE:-poll}" in
     echo "async_rollout started (pid $!)"
     ;;
   poll)
-    waited=0
-    while [ "$waited" -lt "${WAIT_S:-540}" ] && ! grep -q "async_rollout: done" "$work/run.log" 2>/dev/null; do
-      sleep 10; waited=$((waited + 10))
-    done
+    wait_for_line "async_rollout: done"
     cp "$report" "$out/" 2>/dev/null
     tail -c 2000000 "$work/run.log" > "$out/run.log.txt" 2>/dev/null
     grep -E '^\{"mode"|^\+ |exit:|async_rollout: done|Traceback|Error' "$work/run.log" 2>/dev/null | cut -c1-300 | tail -n 25

@@ -53,3 +53,11 @@ install_wheels() {  # the parts copied so far and .whl (carried by this call), i
   fi
   echo "install: $(( $(date +%s) - started )) s"
 }
+
+wait_for_line() {  # wait_for_line PATTERN: until $work/run.log has a line matching PATTERN, or WAIT_S (540) s went by;
+  # a poll call's body (the machine goes back after 30 s idle: poll back to back)
+  local waited=0
+  while [ "$waited" -lt "${WAIT_S:-540}" ] && ! grep -q "$1" "$work/run.log" 2>/dev/null; do
+    sleep 10; waited=$((waited + 10))
+  done
+}

@@ -75,10 +75,7 @@ case "${STAGE:-poll}" in
     report
     ;;
   poll)
-    waited=0
-    while [ "$waited" -lt "${WAIT_S:-540}" ] && ! grep -q "learning run:" "$work/run.log" 2>/dev/null; do
-      sleep 10; waited=$((waited + 10))
-    done
+    wait_for_line "learning run:"
     report
     send_compile_cache
     ;;

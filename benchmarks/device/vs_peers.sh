@@ -59,10 +59,7 @@ case "${STAGE:-poll}" in
     echo "vs_peers started (pid $!)"
     ;;
   poll)
-    waited=0
-    while [ "$waited" -lt "${WAIT_S:-540}" ] && ! grep -q "vs_peers: done" "$work/run.log" 2>/dev/null; do
-      sleep 10; waited=$((waited + 10))
-    done
+    wait_for_line "vs_peers: done"
     cp "$work/results/vs_peers_gpu.json" "$out/" 2>/dev/null
     tail -c 1000000 "$work/run.log" > "$out/run.log.txt" 2>/dev/null
     # learning_ours, learning_verl, ..., search_verl: the 6 latest (8 runs with search; 8 files come back)

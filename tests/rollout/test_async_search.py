@@ -51,7 +51,7 @@ def test_async_searches_of_one_engine_step_go_in_one_request(tokenizer, slow_ret
 
 def test_async_search_cap_bounds_searches_in_flight(tokenizer, slow_retriever_url):
     """8 rows search at once; with ``max_concurrency=3`` at most 3 searches are in flight: they go
-    3, 3 and 2 a request (each held 300 ms by the proxy), never overlapping."""
+    3, 3 and 2 a request, one after the other (each held 300 ms by the proxy)."""
     proxy = slow_retriever_url
     proxy.stats(reset=True)
     engine, batch = _searching_rows(tokenizer, [f"England writer {i}" for i in range(8)])
@@ -61,7 +61,6 @@ def test_async_search_cap_bounds_searches_in_flight(tokenizer, slow_retriever_ur
     assert out.batch["valid_search"].tolist() == [1] * 8 and out.batch["finished"].tolist() == [1] * 8
     assert after["requests"] == 3 and after["queries"] == 8 and after["peak_in_flight"] == 1
     assert out.meta_info["timing"]["peak_tool_calls_in_flight"] == 3.0
-    assert out.meta_info["timing"]["tool_s"] >= 3 * 0.3
 
 
 def test_sync_loop_keeps_the_same_cap_in_queries(tokenizer, slow_retriever_url):
