@@ -8,9 +8,9 @@ errors, timeouts and 5xx answers are retried with exponential backoff (``backoff
 seconds), 4xx answers are not (the request itself is wrong). How passages are shown to a model is
 the environment's business (``search_r1.envs``), not the client's.
 
-The async rollout sends one query per request, one request per searching trajectory: ``session()``
-gives it one shared connection pool for all of them, and the rollout keeps at most
-``max_concurrency`` of them in flight, the same cap on queries in flight as the sync loop's.
+The async rollout sends the searches its trajectories make at about the same time as one call
+(split into requests as above): ``session()`` gives its calls one shared connection pool, and the
+rollout keeps at most ``max_concurrency`` searches in flight, the same cap as the sync loop's.
 
 ``num_queries`` / ``num_empty_results`` count the queries sent and those answered with no passage
 (a web backend serves an empty result for a query whose API call failed), for the trainer's metrics.
