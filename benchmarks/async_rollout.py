@@ -86,6 +86,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--gpu_memory_utilization", type=float, default=0.6)
     p.add_argument("--enforce_eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
+    p.add_argument("--max_num_seqs", type=int, default=None,
+                   help="vLLM's running batch, sequences (default: vLLM's, 1,024 on an H200)")
     p.add_argument("--engine_process", action="store_true",
                    help="vLLM's engine core in a process of its own (rollout.engine_process), both modes and steps")
     p.add_argument("--step_model", default="warm_start", help="model of the step runs (warm_start | base | none)")
@@ -224,7 +226,8 @@ def build_engine(path: str, tokenizer, args):
     config = {"name": "vllm", "dtype": "bfloat16" if gpu else "float32",
               "max_model_len": args.max_prompt_length + args.max_tokens, "gpu_memory_utilization":
               args.gpu_memory_utilization, "kv_cache_space_gib": 2, "seed": args.seed,
-              "enforce_eager": True if args.enforce_eager else None, "engine_process": args.engine_process}
+              "enforce_eager": True if args.enforce_eager else None, "engine_process": args.engine_process,
+              "max_num_seqs": args.max_num_seqs}
     return build_rollout_engine(config, path, tokenizer)
 
 
@@ -340,6 +343,8 @@ def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> l
             f"trainer.default_local_dir={log_dir / 'ckpt'}", f"retriever.max_concurrency={args.max_concurrency}"]
     if args.engine_process:
         mine.append("actor_rollout_ref.rollout.engine_process=true")
+    if args.max_num_seqs:
+        mine.append(f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}")
     keys = {o.split("=", 1)[0] for o in mine}
     return [o for o in base if o.split("=", 1)[0] not in keys] + mine
 

@@ -64,10 +64,10 @@ def test_step_variants_pass_the_trainers_checks(device, tmp_path):
             assert not rollout.free_cache_engine and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap > 0
     report = {"rollout": [], "step": {"ratio_sync_over_async": 0.9, "ratio_staleness0_over_1": 1.4}}
     assert list(async_rollout.summarize(report))[:2] == ["ratio_step_latency", "ratio_step_staleness"]
-    apart = async_rollout.parse_args(["--device", device, "--engine_process"])
+    apart = async_rollout.parse_args(["--device", device, "--engine_process", "--max_num_seqs", "2560"])
     for variant in async_rollout.STEP_VARIANTS:
         cfg = parse_config(async_rollout.step_overrides("/models/x", variant, apart, tmp_path, "http://127.0.0.1:1"))
-        assert cfg.actor_rollout_ref.rollout.engine_process
+        assert cfg.actor_rollout_ref.rollout.engine_process and cfg.actor_rollout_ref.rollout.max_num_seqs == 2560
 
 
 def test_top_level_rollout_ratios_are_the_1_5b_shapes():
