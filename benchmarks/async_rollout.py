@@ -30,13 +30,15 @@ drawn number of real tokens (log-normal, long-tailed, up to ``--max_tokens``), t
 
 Steps (``step`` section): ``--step_steps`` GRPO steps of the real trainer (``scripts/quickstart.py``
 on the example data, the ``--step_model``) in each mode behind the latency proxy; the step time is
-the mean ``timing_s/step`` after the first step; a third run (``sync_staleness1``) rolls out each
+the mean ``timing_s/step`` after the first step (``step_s_range``: their min and max); a third run (``sync_staleness1``) rolls out each
 step's batch beside the previous step's update (``rollout.staleness=1``). Top-level ratios (sync
 time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the 1.5B shape (else the
 warm start, else the first model; ``ratio_rollout_model`` names it), ``ratio_step_latency``; and
 ``ratio_step_staleness`` (sync step time at staleness 0 / at 1). ``--engine_process`` puts vLLM's
 engine core in a process of its own for every rollout and step (``rollout.engine_process``), so the
 async tasks and the HTTP client no longer share an interpreter with the scheduler and the model.
+Each rollout entry and the step section record ``made_by`` (commit, date, engine settings): a report
+extended with ``--merge_from`` holds sections of several runs.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ for _path in (str(REPO), str(REPO / "scripts")):
     if _path not in sys.path:
         sys.path.insert(0, _path)
 
-from benchmarks.common import save_report  # noqa: E402
+from benchmarks.common import run_metadata, save_report  # noqa: E402
 from benchmarks.gpu_generation import host_probe_ms  # noqa: E402
 from benchmarks.latency_proxy import launch_proxy  # noqa: E402
 from verl.trainer.overrides import recipe_overrides  # noqa: E402
@@ -284,7 +286,7 @@ def rollout_section(args, servers: dict, work_dir: Path, report: dict) -> None:
         if name in RANDOM_SHAPES:
             engine = ForcedTurns(engine, tokenizer, args.max_tokens, args.answer_prob)
         prompts = prompts_for(tokenizer, name, args)
-        entry = {"model": name, "rows": len(prompts), "runs": {}}
+        entry = {"model": name, "rows": len(prompts), "made_by": made_by(args), "runs": {}}
         for retriever_name, server in servers.items():
             client = RetrieverClient(server.retrieve_url, topk=3, max_concurrency=args.max_concurrency)
             proxy = server if retriever_name == "latency" else None
@@ -349,9 +351,17 @@ def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> l
     return [o for o in base if o.split("=", 1)[0] not in keys] + mine
 
 
+def made_by(args) -> dict:
+    """Where a section's figures came from: a merged report (``--merge_from``) holds sections of
+    several runs, each with its own commit, date and engine settings."""
+    return {"commit": run_metadata()["commit"], "date": time.strftime("%Y-%m-%d"),
+            **{k: getattr(args, k) for k in ("engine_process", "max_num_seqs", "gpu_memory_utilization")}}
+
+
 def step_section(args, proxy, work_dir: Path) -> dict:
     model = model_path(args.step_model, work_dir)
-    out = {"model": args.step_model, "prompts": args.step_batch_size, "n": args.step_n, "steps": args.step_steps}
+    out = {"model": args.step_model, "prompts": args.step_batch_size, "n": args.step_n, "steps": args.step_steps,
+           "made_by": made_by(args)}
     for variant in STEP_VARIANTS:
         log_dir = work_dir / f"step_{variant}"
         cmd = [sys.executable, str(REPO / "scripts" / "quickstart.py"), "--data-dir", "data/async_rollout_bench",
@@ -362,6 +372,7 @@ def step_section(args, proxy, work_dir: Path) -> dict:
         rows = [json.loads(line) for line in open(log_dir / "metrics.jsonl") if line.strip()]
         later = rows[1:] or rows
         out[variant] = {"step_s": round(sum(r["timing_s/step"] for r in later) / len(later), 2),
+                        "step_s_range": [round(f(r["timing_s/step"] for r in later), 2) for f in (min, max)],
                      "gen_s": round(sum(r["timing_s/gen"] for r in later) / len(later), 2),
                      "per_step": [{k: r[k] for k in ("step", "timing_s/step", "timing_s/gen") if k in r} for r in rows]}
     out["ratio_sync_over_async"] = round(out["sync"]["step_s"] / out["async"]["step_s"], 3)

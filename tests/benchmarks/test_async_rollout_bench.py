@@ -32,6 +32,9 @@ def test_async_rollout_benchmark_reports_both_modes(tmp_path):
                                                            "ratio_rollout_model"]
     (entry,) = report["rollout"]
     assert entry["model"] == "tiny" and entry["rows"] == 4
+    # a merged report keeps each section's own commit and engine settings
+    assert entry["made_by"]["commit"] == report["meta"]["commit"] != "unknown"
+    assert entry["made_by"]["engine_process"] is False and entry["made_by"]["max_num_seqs"] is None
     for retriever in ("local", "latency"):
         runs = entry["runs"][retriever]
         for mode in ("sync", "async"):
