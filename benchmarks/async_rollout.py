@@ -96,6 +96,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step_batch_size", type=int, default=128)
     p.add_argument("--step_n", type=int, default=5)
     p.add_argument("--step_steps", type=int, default=3)
+    p.add_argument("--step_recipe", default="",
+                   help="recipes stacked on the step runs (e.g. learning_gpu); the flags still set the batch and lengths")
     p.add_argument("--out_dir", default=None, help="default benchmarks/results (on the device: $OUT)")
     p.add_argument("--report_name", default="async_rollout", help="JSON file name (without .json)")
     p.add_argument("--merge_from", default=None,
@@ -328,12 +330,15 @@ STEP_VARIANTS = {"sync": ("sync", 0), "async": ("async", 0), "sync_staleness1": 
 def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> list[str]:
     """The trainer's overrides of one ``STEP_VARIANTS`` run (staleness 1 with what it needs: the engine
     resident and truncated importance sampling against the rollout's log-probs; on the GPU the
-    ``one_step_off_policy`` recipe, whose engine is served from processes of its own)."""
+    ``one_step_off_policy`` recipe, whose engine is served from processes of its own), on the
+    ``--step_recipe`` recipes if any (e.g. ``learning_gpu``: its micro-batches, learning rate and resident
+    engine); the flags' batch, turns and lengths win over the recipes'."""
     from learning_check import grpo_overrides
 
     mode, staleness = STEP_VARIANTS[variant]
     base = grpo_overrides(model, args.step_steps, -1, log_dir, 1e-6, args.step_batch_size, "vllm",
                           n=args.step_n, gpu=args.device == "cuda")
+    base += recipe_overrides(*args.step_recipe.split(",")) if args.step_recipe else []
     # the one_step_off_policy recipe on the GPU; on a CPU its engine processes only add start-up time
     lagged = (recipe_overrides("one_step_off_policy") if args.device == "cuda" else
               ["actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"])
@@ -342,13 +347,16 @@ def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> l
             f"data.max_response_length={args.max_tokens}", f"data.max_obs_length={args.max_obs_length}",
             f"data.max_prompt_length={args.max_prompt_length}", "trainer.val_before_train=false",
             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.resume_mode=disable",
-            f"trainer.default_local_dir={log_dir / 'ckpt'}", f"retriever.max_concurrency={args.max_concurrency}"]
+            f"trainer.default_local_dir={log_dir / 'ckpt'}", f"retriever.max_concurrency={args.max_concurrency}",
+            # the flags' batch wins over a --step_recipe's
+            f"data.train_batch_size={args.step_batch_size}", f"actor_rollout_ref.rollout.n={args.step_n}",
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={args.step_batch_size}"]
     if args.engine_process:
         mine.append("actor_rollout_ref.rollout.engine_process=true")
     if args.max_num_seqs:
         mine.append(f"actor_rollout_ref.rollout.max_num_seqs={args.max_num_seqs}")
-    keys = {o.split("=", 1)[0] for o in mine}
-    return [o for o in base if o.split("=", 1)[0] not in keys] + mine
+    merged = dict(o.split("=", 1) for o in base + mine)  # a key's last value wins
+    return [f"{key}={value}" for key, value in merged.items()]
 
 
 def made_by(args) -> dict:

@@ -71,6 +71,16 @@ def test_step_variants_pass_the_trainers_checks(device, tmp_path):
     for variant in async_rollout.STEP_VARIANTS:
         cfg = parse_config(async_rollout.step_overrides("/models/x", variant, apart, tmp_path, "http://127.0.0.1:1"))
         assert cfg.actor_rollout_ref.rollout.engine_process and cfg.actor_rollout_ref.rollout.max_num_seqs == 2560
+    # the learning recipe's step (issue 30: async as its default where it wins), its batch from the flags
+    learning = async_rollout.parse_args(["--device", device, "--step_recipe", "learning_gpu", "--step_batch_size", "64",
+                                         "--step_n", "8", "--max_turns", "2", "--max_tokens", "320"])
+    for variant, (mode, staleness) in async_rollout.STEP_VARIANTS.items():
+        cfg = parse_config(async_rollout.step_overrides("/models/x", variant, learning, tmp_path, "http://127.0.0.1:1"))
+        actor = cfg.actor_rollout_ref.actor
+        assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.staleness) == (mode, staleness)
+        assert actor.optim.lr == 2e-5 and actor.ppo_max_token_len_per_gpu == 65536  # the recipe's
+        assert (cfg.data.train_batch_size, cfg.actor_rollout_ref.rollout.n, actor.ppo_mini_batch_size) == (64, 8, 64)
+        assert (cfg.max_turns, cfg.data.max_response_length) == (2, 320)
 
 
 def test_top_level_rollout_ratios_are_the_1_5b_shapes():
