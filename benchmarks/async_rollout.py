@@ -30,9 +30,9 @@ drawn number of real tokens (log-normal, long-tailed, up to ``--max_tokens``), t
 
 Steps (``step`` section): ``--step_steps`` GRPO steps of the real trainer (``scripts/quickstart.py``
 on the example data, the ``--step_model``) in each mode behind the latency proxy; the step time is
-the mean ``timing_s/step`` after the first step (``step_s_range``: their min and max); a third run (``sync_staleness1``) rolls out each
-step's batch beside the previous step's update (``rollout.staleness=1``). Top-level ratios (sync
-time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the 1.5B shape (else the
+the mean ``timing_s/step`` after the first step (``step_s_range``: their min and max; ``per_step``: each
+step's split); a third run (``sync_staleness1``) rolls out each step's batch beside the previous
+step's update (``rollout.staleness=1``). Top-level ratios (sync time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the 1.5B shape (else the
 warm start, else the first model; ``ratio_rollout_model`` names it), ``ratio_step_latency``; and
 ``ratio_step_staleness`` (sync step time at staleness 0 / at 1). ``--engine_process`` puts vLLM's
 engine core in a process of its own for every rollout and step (``rollout.engine_process``), so the
@@ -327,6 +327,11 @@ STEP_VARIANTS = {"sync": ("sync", 0), "async": ("async", 0), "sync_staleness1": 
 """whole-step runs: name -> (rollout.mode, rollout.staleness)"""
 
 
+STEP_KEYS = ("step", "timing_s/step", "timing_s/gen", "timing_s/tool", "timing_s/ref", "timing_s/old_log_prob",
+             "timing_s/update_actor", "timing_s/weight_sync", "timing_s/rollout_wait")
+"""the metrics kept per step: the step's split"""
+
+
 def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> list[str]:
     """The trainer's overrides of one ``STEP_VARIANTS`` run (staleness 1 with what it needs: the engine
     resident and truncated importance sampling against the rollout's log-probs; on the GPU the
@@ -381,8 +386,8 @@ def step_section(args, proxy, work_dir: Path) -> dict:
         later = rows[1:] or rows
         out[variant] = {"step_s": round(sum(r["timing_s/step"] for r in later) / len(later), 2),
                         "step_s_range": [round(f(r["timing_s/step"] for r in later), 2) for f in (min, max)],
-                     "gen_s": round(sum(r["timing_s/gen"] for r in later) / len(later), 2),
-                     "per_step": [{k: r[k] for k in ("step", "timing_s/step", "timing_s/gen") if k in r} for r in rows]}
+                        "gen_s": round(sum(r["timing_s/gen"] for r in later) / len(later), 2),
+                        "per_step": [{k: r[k] for k in STEP_KEYS if k in r} for r in rows]}
     out["ratio_sync_over_async"] = round(out["sync"]["step_s"] / out["async"]["step_s"], 3)
     out["ratio_staleness0_over_1"] = round(out["sync"]["step_s"] / out["sync_staleness1"]["step_s"], 3)
     return out
