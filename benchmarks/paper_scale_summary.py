@@ -1,13 +1,17 @@
 """Summarise the paper-length training runs (``paper_scale_train.sh``) into one JSON.
 
-    python benchmarks/paper_scale_summary.py --runs_dir $OUT/paper_train --batch 64 \\
-        --max_prompt_length 4096 --output $OUT/paper_scale_train.json
+    python benchmarks/paper_scale_summary.py --runs_dir $OUT/paper_train/qwen2.5-3b --shape qwen2.5-3b \\
+        --batch 64 --max_prompt_length 4096 --output $OUT/paper_scale_train_qwen2.5-3b.json \\
+        --into $OUT/paper_scale.json
 
 Per run (a ``<runs_dir>/<algo>/metrics.jsonl`` written by the trainer's jsonl logger): the steps, and
 for every ``timing_s/*``, ``perf/*`` (peak GPU memory per phase, tokens/s, update MFU), length and
 search metric, step 1 (compilation, CUDA graphs, first allocations) and the median of later steps;
 ``tokens_per_s_per_gpu`` is ``perf/throughput_tokens_per_s`` over the GPUs. Also the longest context
-(prompt + response tokens) seen, to show whether multi-turn contexts above 2k tokens occurred.
+(prompt + response tokens of one row) seen, to show whether multi-turn contexts above 2k tokens occurred,
+and ``figures``: what issue 28 asks of each run (step time and split, tokens/s/GPU, the update's MFU,
+peak GPU memory, longest context). ``--into`` adds the runs to another report under ``train``, keyed
+``<shape>_<run>`` (a later run of the same key replaces it).
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import run_metadata  # noqa: E402
 
-PREFIXES = ("timing_s/", "perf/", "response_length/", "prompt_length/", "critic/score/", "env/")
+PREFIXES = ("timing_s/", "perf/", "response_length/", "prompt_length/", "context_length/", "critic/score/", "env/")
+SPLIT = ("gen", "ref", "old_log_prob", "values", "update_critic", "update_actor", "weight_sync")
+"""the step's phases in ``figures.split_s``"""
 
 
 def summarize_run(path: Path, num_gpus: int) -> dict:
@@ -38,17 +44,34 @@ def summarize_run(path: Path, num_gpus: int) -> dict:
            "step_1": {k: rows[0][k] for k in keys if k in rows[0]},
            "median_after_step_1": {k: statistics.median(r[k] for r in later if k in r) for k in keys
                                    if any(k in r for r in later)}}
-    tps = out["median_after_step_1"].get("perf/throughput_tokens_per_s")
+    median = out["median_after_step_1"]
+    tps = median.get("perf/throughput_tokens_per_s")
     out["tokens_per_s_per_gpu"] = tps / num_gpus if tps is not None else None
-    longest = [r.get("prompt_length/max", 0) + r.get("response_length/max", 0) for r in rows]
-    out["longest_context_tokens"] = max(longest) if longest else None
+    # the trainer's context_length/max (a row's prompt + response); older runs' logs lack it, and the
+    # longest prompt plus the longest response is only a bound on it
+    exact = [r["context_length/max"] for r in rows if "context_length/max" in r]
+    out["longest_context_tokens"] = max(exact) if exact else None
+    if not exact:
+        out["longest_context_bound_tokens"] = max(r.get("prompt_length/max", 0) + r.get("response_length/max", 0)
+                                                  for r in rows)
+    out["figures"] = {
+        "steps_measured": len(later) if len(rows) > 1 else 0,
+        "step_s": median.get("timing_s/step"),
+        "split_s": {k.removeprefix("timing_s/"): v for k, v in median.items()
+                    if k.startswith("timing_s/") and k.removeprefix("timing_s/") in SPLIT},
+        "tokens_per_s_per_gpu": out["tokens_per_s_per_gpu"],
+        "mfu_update": median.get("perf/mfu/actor"),
+        "peak_gpu_gib": max((r[k] for r in rows for k in r if k.startswith("perf/max_memory_reserved_gb/")),
+                            default=None),
+        "longest_context_tokens": out["longest_context_tokens"],
+    }
     return out
 
 
-def _describe_model(folder: str) -> str:
+def _describe_model(folder: str, shape: str) -> str:
     bias = Path(folder) / "search_bias.json"
     if bias.exists():
-        return f"{folder}: Qwen2.5-3B shape, random weights biased to search ({bias.read_text().strip()})"
+        return f"{folder}: {shape} shape, random weights biased to search ({bias.read_text().strip()})"
     return folder
 
 
@@ -58,17 +81,27 @@ def main(argv=None) -> None:
     p.add_argument("--batch", type=int, required=True, help="prompts per step (data.train_batch_size)")
     p.add_argument("--max_prompt_length", type=int, default=4096)
     p.add_argument("--num_gpus", type=int, default=1)
-    p.add_argument("--model", default="/tmp/q3b-search", help="the policy folder (described in the report)")
+    p.add_argument("--model", default="/tmp/qwen2.5-3b-search", help="the policy folder (described in the report)")
+    p.add_argument("--shape", default="qwen2.5-3b", help="the model's shape (benchmarks/shapes.py)")
+    p.add_argument("--retriever", default="bm25", help="the retriever server the runs searched (bm25 | scale)")
     p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--into", type=Path, default=None,
+                   help="also add the runs to this report under 'train' (benchmarks/results/paper_scale.json)")
     args = p.parse_args(argv)
     runs = {}
     for metrics in sorted(args.runs_dir.glob("*/metrics.jsonl")):
-        runs[metrics.parent.name] = {"max_prompt_length": args.max_prompt_length, "train_batch_size": args.batch,
-                                     "num_gpus": args.num_gpus, "model": _describe_model(args.model),
+        runs[metrics.parent.name] = {"model_shape": args.shape, "max_prompt_length": args.max_prompt_length,
+                                     "train_batch_size": args.batch, "num_gpus": args.num_gpus,
+                                     "model": _describe_model(args.model, args.shape), "retriever": args.retriever,
                                      **summarize_run(metrics, args.num_gpus)}
     report = {"benchmark": "paper_scale_train", "meta": run_metadata(), "runs": runs}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
+    if args.into:
+        merged = json.loads(args.into.read_text()) if args.into.exists() else {}
+        merged.setdefault("train", {}).update({f"{args.shape}_{name}": {**run, "meta": report["meta"]}
+                                               for name, run in runs.items()})
+        args.into.write_text(json.dumps(merged, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 
 

@@ -58,8 +58,11 @@ def test_data_and_env_metrics_named_as_verl():
     batch.batch["returns"] = batch.batch["response_mask"]
     from search_r1.envs.search_r1 import SearchR1Environment
 
+    batch.batch["attention_mask"][1, 0] = 0  # the longest response's prompt is the shortest (left padding)
     metrics = metric_utils.compute_data_metrics(batch, False, SearchR1Environment)  # its counters and figures
     assert metrics["critic/score/mean"] == pytest.approx(0.5)
+    # the longest row (4 tokens), not the longest prompt (2) plus the longest response (3)
+    assert metrics["context_length/max"] == 4 and metrics["prompt_length/min"] == 1
     assert metrics["response_length/max"] == 3 and metrics["response_length/clip_ratio"] == pytest.approx(0.25)
     assert metrics["env/number_of_valid_search"] == pytest.approx(0.5)
     assert metrics["env/number_of_empty_search"] == pytest.approx(0.25)

@@ -74,7 +74,7 @@ DOC_METRICS = """\
 Per step: `critic/score/{mean,max,min}`, `critic/rewards/*`, `critic/advantages/*`, `critic/returns/*`,
 `critic/values/*` and `critic/vf_explained_var` (PPO), `actor/{pg_loss,pg_clipfrac,ppo_kl,entropy,kl_loss,grad_norm,lr}`
 (from the workers), `actor/reward_kl_penalty{,_coeff}` (KL in reward), `response_length/{mean,max,min,clip_ratio}`,
-`prompt_length/*`, `env/{number_of_actions/*,finish_ratio}` and the environment's own (Search-R1's and tool_call's:
+`prompt_length/*`, `context_length/*` (a row's prompt + response tokens), `env/{number_of_actions/*,finish_ratio}` and the environment's own (Search-R1's and tool_call's:
 `env/{number_of_valid_action,ratio_of_valid_action,number_of_valid_search,number_of_empty_search,ratio_of_empty_search}`),
 `timing_s/{gen,reward,old_log_prob,ref,values,adv,update_critic,update_actor,step}` (inside gen: `timing_s/{gen_loop,gen_engine,tool}`, the agent loop's own time beside the engine, its engine calls and tool calls; inside update_actor: `timing_s/{release_memory,rollout_wait,weight_sync}`, the wait for a rollout running beside the update before the weight push, `actor/num_micro_batches`), `rollout/policy_lag` (actor updates between the weights that sampled the batch and the ones it trains: 0, or 1 with `rollout.staleness=1`),
 `perf/{throughput_tokens_per_s,total_num_tokens,mfu/actor}`, `perf/rollout_{engine_calls,decode_steps}` (sync rollout: engine calls and the decode steps they waited for). At validation: `val/test_score/<data_source>`,

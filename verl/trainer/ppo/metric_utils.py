@@ -1,7 +1,8 @@
 """Step metrics under veRL's names, computed from the finished batch and the timings.
 
 critic/score|rewards|advantages|returns|values/{mean,max,min}: over response tokens (scores and
-rewards summed per sequence first); response_length/{mean,max,min,clip_ratio}; env/* from the
+rewards summed per sequence first); response_length/{mean,max,min,clip_ratio}; prompt_length/* and
+context_length/* (prompt + response tokens of a row); env/* from the
 agent loop's and the environment's per-row stats; timing_s/*; perf/{throughput_tokens_per_s,mfu/actor};
 val/*: per-question statistics over the whole validation set (never means of batch means).
 """
@@ -52,6 +53,8 @@ def compute_data_metrics(batch, use_critic: bool, env=None) -> dict[str, float]:
     metrics.update(_stats("response_length", response_length))
     metrics["response_length/clip_ratio"] = _clip_ratio(batch, response_length, response_width)
     metrics.update(_stats("prompt_length", prompt_length))
+    # a row's whole context (prompt, turns, observations): the engine's max_model_len must hold its max
+    metrics.update(_stats("context_length", prompt_length + response_length))
     metrics.update(env_metrics(row_stats(batch, env), env))
     return metrics
 

