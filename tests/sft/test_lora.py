@@ -40,8 +40,8 @@ def test_merge_and_export_matches_adapted_logits(tiny_model_dir, tiny_tokenizer,
                              scaling=lora.lora_scaling(model), tokenizer=tiny_tokenizer)
     merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     torch.testing.assert_close(_logits(merged, ids), adapted, atol=1e-4, rtol=1e-4)
-    # the engine-sync path gives the same weights as the export
-    named = dict(lora.merged_named_weights(model))
+    # the engine-sync path (the actor worker's: merged_state_dict of the gathered state) gives the export's weights
+    named = lora.merged_state_dict(model.state_dict(), lora.lora_scaling(model))
     for name, tensor in merged.state_dict().items():
         if name in named:
             torch.testing.assert_close(named[name], tensor)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import contextlib
 import re
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Mapping
 
 import torch
 
@@ -171,13 +171,3 @@ def export_merged(state_dict: Mapping[str, torch.Tensor], hf_config, out_dir: st
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir
-
-
-def merged_named_weights(model: torch.nn.Module) -> Iterable[tuple[str, torch.Tensor]]:
-    """(HF name, merged tensor) pairs of an unsharded peft model, for ``RolloutEngine.update_weights``.
-
-    For an FSDP2 model gather first (``get_full_state_dict``) and call ``merged_state_dict``.
-    """
-    state = {k: v.detach() for k, v in model.state_dict().items()}
-    scaling = lora_scaling(model) if is_lora_model(model) else 0.0
-    return merged_state_dict(state, scaling).items()
