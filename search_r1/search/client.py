@@ -11,9 +11,6 @@ the environment's business (``search_r1.envs``), not the client's.
 The async rollout sends the searches its trajectories make at about the same time as one call
 (split into requests as above): ``session()`` gives its calls one shared connection pool, and the
 rollout keeps at most ``max_concurrency`` searches in flight, the same cap as the sync loop's.
-
-``num_queries`` / ``num_empty_results`` count the queries sent and those answered with no passage
-(a web backend serves an empty result for a query whose API call failed), for the trainer's metrics.
 """
 
 from __future__ import annotations
@@ -61,8 +58,6 @@ class RetrieverClient:
         self.topk, self.timeout, self.max_retries = topk, timeout, max_retries
         self.batch_size, self.max_concurrency, self.backoff = batch_size, max_concurrency, backoff
         self.return_scores = return_scores
-        self.num_queries = 0
-        self.num_empty_results = 0
 
     async def aretrieve(self, queries: Sequence[str], http: httpx.AsyncClient | None = None) -> list[list[dict]]:
         """Top-``topk`` results for each query, in query order.
@@ -89,10 +84,7 @@ class RetrieverClient:
                     return await self._post_with_retries(client, batch)
 
             parts = await asyncio.gather(*(bounded(b) for b in batches))
-        results = [hits for part in parts for hits in part]
-        self.num_queries += len(results)
-        self.num_empty_results += sum(1 for hits in results if not hits)
-        return results
+        return [hits for part in parts for hits in part]
 
     @property
     def max_requests_in_flight(self) -> int:
