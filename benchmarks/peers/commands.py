@@ -42,6 +42,10 @@ VERL_FUSED_KERNELS = ("actor_rollout_ref.model.use_fused_kernels=true",
 # ours skips the old-log-prob pass on-policy (one update a batch: old = its own log-probs, detached); veRL's
 # documented way to skip it is its rollout-correction "bypass" mode, old = the rollout's (vLLM's) log-probs
 # (docs/algo/rollout_corr.md), so that veRL too runs two passes a step, not three
+# sampling, the same in the three systems: temperature 1 over the whole vocabulary, veRL's and TRL's defaults;
+# ours would otherwise sample with Search-R1's top_p 0.95 (another distribution, and a sort of the vocabulary
+# a decode step in vLLM's sampler)
+TEMPERATURE, TOP_P = 1.0, 1.0
 VERL_SKIP_OLD_LOG_PROBS = ("algorithm.rollout_correction.bypass_mode=true",
                            "actor_rollout_ref.rollout.calculate_log_probs=true")
 
@@ -113,6 +117,7 @@ def ours_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name:
             f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts}", f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={cfg.max_token_len}",
             f"actor_rollout_ref.rollout.gpu_memory_utilization={cfg.gpu_memory_utilization}",
+            f"actor_rollout_ref.rollout.temperature={TEMPERATURE}", f"actor_rollout_ref.rollout.top_p={TOP_P}",
             f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
             "trainer.logger=[console,jsonl]",
             f"trainer.log_dir={work / 'logs'}", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1",
@@ -164,6 +169,7 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
         "actor_rollout_ref.ref.fsdp_config.param_offload=false",
         f"{rollout}.name=vllm", f"{rollout}.n={cfg.n}", f"{rollout}.tensor_model_parallel_size=1",
         f"{rollout}.gpu_memory_utilization={cfg.gpu_memory_utilization}", f"{rollout}.enforce_eager=false",
+        f"{rollout}.temperature={TEMPERATURE}", f"{rollout}.top_p={TOP_P}",
         f"reward.custom_reward_function.path={PEERS_DIR / 'em_reward.py'}", "reward.custom_reward_function.name=compute_score",
         "trainer.n_gpus_per_node=1", "trainer.nnodes=1", "trainer.logger=[console,file]",
         f"trainer.total_training_steps={steps}", "trainer.save_freq=-1", "trainer.test_freq=-1",
@@ -230,7 +236,8 @@ def trl_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: 
             "--output_dir", str(work / "trl_output"), "--prompts", str(cfg.prompts), "--generations", str(cfg.n),
             "--max_prompt_length", str(cfg.max_prompt_length), "--max_completion_length", str(cfg.max_response_length),
             "--lr", str(cfg.lr), "--micro_batch", str(cfg.trl_micro_batch),
-            "--vllm_gpu_memory_utilization", str(cfg.gpu_memory_utilization), "--stop", *STOP_STRINGS,
+            "--vllm_gpu_memory_utilization", str(cfg.gpu_memory_utilization), "--temperature", str(TEMPERATURE),
+            "--top_p", str(TOP_P), "--stop", *STOP_STRINGS,
             *(["--gradient_checkpointing"] if cfg.gradient_checkpointing else [])]
 
 

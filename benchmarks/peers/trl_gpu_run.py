@@ -43,7 +43,7 @@ def grpo_config(args: argparse.Namespace):
         output_dir=args.output_dir, bf16=True, report_to=[], save_strategy="no", max_steps=args.steps,
         logging_steps=1, learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, beta=args.beta,
         num_generations=args.generations, max_completion_length=args.max_completion_length,
-        temperature=1.0, top_p=1.0, per_device_train_batch_size=args.micro_batch,
+        temperature=args.temperature, top_p=args.top_p, per_device_train_batch_size=args.micro_batch,
         gradient_accumulation_steps=completions // args.micro_batch, generation_batch_size=completions,
         gradient_checkpointing=args.gradient_checkpointing, use_vllm=True, vllm_mode="colocate",
         vllm_gpu_memory_utilization=args.vllm_gpu_memory_utilization,
@@ -138,6 +138,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--beta", type=float, default=0.001, help="KL coefficient (reference model)")
     ap.add_argument("--micro_batch", type=int, default=64, help="completions a forward/backward pass")
     ap.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3, help="fraction of the GPU for vLLM")
+    ap.add_argument("--temperature", type=float, default=1.0)
+    ap.add_argument("--top_p", type=float, default=1.0, help="nucleus mass (1.0: the whole vocabulary)")
     ap.add_argument("--stop", nargs="*", default=[], help="strings that end a completion (kept in it)")
     ap.add_argument("--gradient_checkpointing", action="store_true", help="TRL's default; off unless given")
     return ap.parse_args(argv)

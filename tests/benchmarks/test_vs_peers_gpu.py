@@ -60,6 +60,8 @@ def test_our_command_passes_our_config_check_single_turn(name, tmp_path):
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing == cfg.gradient_checkpointing
     assert config.actor_rollout_ref.actor.use_kl_loss and config.actor_rollout_ref.actor.kl_loss_coef == 0.001
     assert config.trainer.total_training_steps == 5 and config.reward_model.style == "em"
+    # the peers' sampling (veRL's and TRL's defaults), not Search-R1's top_p 0.95
+    assert (config.actor_rollout_ref.rollout.temperature, config.actor_rollout_ref.rollout.top_p) == (1.0, 1.0)
 
 
 def test_our_search_command_passes_our_config_check_at_the_learning_recipes_rollout(tmp_path):
@@ -73,6 +75,7 @@ def test_our_search_command_passes_our_config_check_at_the_learning_recipes_roll
     assert config.data.max_obs_length == 384 and config.data.max_prompt_length == 2048
     assert response_width(config) == cfg.response_width == 1728  # our run plan's trajectory width
     assert config.data.train_batch_size == 64 and config.actor_rollout_ref.rollout.n == 8
+    assert config.actor_rollout_ref.rollout.top_p == commands.TOP_P == 1.0
     assert config.actor_rollout_ref.actor.use_kl_loss and config.reward_model.style == "em"
     with pytest.raises(ValueError, match="retriever server's URL"):
         commands.ours_command(cfg, commands.Inputs("/m", Path("/d"), Path("/q")), 5, tmp_path, "search")
@@ -124,6 +127,7 @@ def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, na
     assert config.actor_rollout_ref.hybrid_engine and config.trainer.use_v1 == (trainer == "v1")
     assert Path(config.reward.custom_reward_function.path) == ROOT / "benchmarks" / "peers" / "em_reward.py"
     assert list(config.trainer.logger) == ["console", "file"]
+    assert (rollout.temperature, rollout.top_p) == (commands.TEMPERATURE, commands.TOP_P)
 
 
 def test_verl_search_overrides_set_its_tool_agent_loop(verl_config_dir, tmp_path):
@@ -253,7 +257,7 @@ def test_trl_runner_builds_a_grpo_config_at_gpu_settings(name, tmp_path):
               "print(json.dumps({k: getattr(c, k) for k in ('generation_batch_size', 'gradient_accumulation_steps', "
               "'per_device_train_batch_size', 'num_generations', 'use_vllm', 'vllm_mode', 'bf16', "
               "'gradient_checkpointing', 'beta', 'vllm_gpu_memory_utilization', 'max_completion_length', "
-              "'generation_kwargs')}))")
+              "'generation_kwargs', 'temperature', 'top_p')}))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TRL_WHEEL), str(ROOT / "benchmarks" / "peers")])}
     out = subprocess.run([sys.executable, "-c", script, *argv], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -266,6 +270,7 @@ def test_trl_runner_builds_a_grpo_config_at_gpu_settings(name, tmp_path):
     assert config["vllm_gpu_memory_utilization"] == cfg.gpu_memory_utilization
     # a completion ends at Search-R1's tags, as ours and veRL's do (TRL's vLLM sampling parameters)
     assert config["generation_kwargs"] == {"stop": ["</search>", "</answer>"], "include_stop_str_in_output": True}
+    assert (config["temperature"], config["top_p"]) == (commands.TEMPERATURE, commands.TOP_P)
 
 
 def test_each_child_sees_its_own_site_only(tmp_path, monkeypatch):
