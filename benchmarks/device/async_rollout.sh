@@ -11,6 +11,7 @@
 #     bash benchmarks/device/async_rollout.sh               # detached: MODELS' rollouts and STEP_MODEL's steps,
 #                                                           # then THEN_MODELS' rollouts merged into the same JSON
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/async_rollout.sh   # repeat until "async_rollout: done"
+#   STAGE=sampling bash benchmarks/device/async_rollout.sh  # what each sampling setting costs (sampling_cost.py)
 # MERGE_FROM=benchmarks/results/async_rollout.json (at start) extends the committed report (another hold's models).
 # Poll back to back: a gap over 30 s between calls gives the machine back and loses the run.
 # Each poll's $OUT gets async_rollout.json (the report so far: it is saved after every model) and the log.
@@ -41,6 +42,9 @@ case "${STAGE:-poll}" in
     setsid nohup bash -c "$first; echo \"first exit: \$?\"; $then; echo \"async_rollout: done\"" \
       > "$work/run.log" 2>&1 < /dev/null &
     echo "async_rollout started (pid $!)"
+    ;;
+  sampling)  # benchmarks/sampling_cost.py in this call (~5 min at its defaults; after copy and prepare)
+    timeout -k 10 "${TIMEOUT_S:-540}" python3 benchmarks/sampling_cost.py --out_dir "$out" ${ARGS:-}
     ;;
   poll)
     wait_for_line "async_rollout: done"

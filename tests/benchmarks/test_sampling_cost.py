@@ -1,0 +1,55 @@
+"""The sampling-cost benchmark's variants: each turns on one setting of the trainer's requests over the raw
+baseline, all decode the same number of tokens, and ``rollout`` is what the trainer's engine sends."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import sampling_cost  # noqa: E402
+
+
+def _one(params):
+    return params[0] if isinstance(params, list) else params
+
+
+def test_each_variant_turns_on_one_setting_over_raw():
+    raw = sampling_cost.request_params("raw", 3, 64)
+    assert (raw.temperature, raw.top_p, raw.seed, raw.detokenize, raw.stop, raw.logprobs) == (1.0, 1.0, None, False,
+                                                                                           [], None)
+    assert _one(sampling_cost.request_params("top_p", 3, 64)).top_p == 0.95
+    seeded = sampling_cost.request_params("seeded", 3, 64)
+    assert [p.seed for p in seeded] == [0, 1, 2]  # one seed a request, as the trainer's engine gives them
+    assert _one(sampling_cost.request_params("detokenize", 3, 64)).detokenize
+    stop = _one(sampling_cost.request_params("stop", 3, 64))
+    assert stop.detokenize and stop.stop == ["</search>", "</answer>"] and stop.include_stop_str_in_output
+    assert _one(sampling_cost.request_params("logprobs", 3, 64)).logprobs == 0
+    for variant in sampling_cost.VARIANTS:  # the same work: every row decodes max_tokens tokens
+        params = sampling_cost.request_params(variant, 3, 64)
+        assert all(p.max_tokens == 64 and p.ignore_eos and p.temperature == 1.0
+                   for p in (params if isinstance(params, list) else [params]))
+
+
+def test_rollout_is_the_trainers_request(monkeypatch):
+    from verl.workers.rollout import vllm_rollout
+
+    monkeypatch.setattr(vllm_rollout, "_is_cpu_platform", lambda: False)  # the GPU's request keeps its seeds
+    rollout = sampling_cost.request_params("rollout", 2, 64)
+    first = rollout[0]
+    assert [p.seed for p in rollout] == [0, 1] and first.top_p == 0.95 and first.logprobs == 0
+    assert first.stop == ["</search>", "</answer>"] and first.detokenize and first.ignore_eos
+
+
+def test_slowdown_is_raws_median_over_the_variants():
+    runs = {"raw": [{"tokens_per_s": 100.0}, {"tokens_per_s": 300.0}], "top_p": [{"tokens_per_s": 50.0}]}
+    out = sampling_cost.summarize(runs)
+    assert out["raw"]["tokens_per_s"] == 200.0 and out["raw"]["tokens_per_s_range"] == [100.0, 300.0]
+    assert out["top_p"]["slowdown"] == pytest.approx(4.0) and out["raw"]["slowdown"] == 1.0
+
+
+def test_an_unknown_variant_is_refused():
+    with pytest.raises(SystemExit):
+        sampling_cost.parse_args(["--variants", "raw,nucleus"])
