@@ -24,8 +24,7 @@ case "${STAGE:-poll}" in
     copy_carried
     ;;
   prepare)
-    install_wheels || exit 1
-    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+    prepare_machine || exit 1
     python3 -c "import vllm; print('vllm', vllm.__version__)"
     timeout -k 10 "${TIMEOUT_S:-500}" python3 scripts/warm_start.py
     ;;

@@ -54,6 +54,11 @@ install_wheels() {  # the parts copied so far and .whl (carried by this call), i
   echo "install: $(( $(date +%s) - started )) s"
 }
 
+prepare_machine() {  # a prepare stage's common part: the wheels installed, the GPU shown
+  install_wheels || return 1
+  nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+}
+
 wait_for_line() {  # wait_for_line PATTERN: until $work/run.log has a line matching PATTERN, or WAIT_S (540) s went by;
   # a poll call's body (the machine goes back after 30 s idle: poll back to back)
   local waited=0

@@ -20,8 +20,7 @@ case "${STAGE:-poll}" in
     copy_carried
     ;;
   prepare)
-    install_wheels || exit 1
-    nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
+    prepare_machine || exit 1
     ;;
   start)
     mkdir -p "$work/results" && cp benchmarks/results/paper_scale.json "$work/results/"
