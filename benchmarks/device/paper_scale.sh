@@ -13,7 +13,7 @@
 # GPU_MEM_UTIL, MAX_MODEL_LEN, EXTRA). Each poll's $OUT gets paper_scale.json (the committed report with the
 # runs so far under "train": it is rewritten after every run), the per-shape summaries and the log's tail.
 set -uo pipefail
-work=/tmp/paper_scale
+work=${WORK_DIR:-/tmp/paper_scale}  # WORK_DIR: tests
 source benchmarks/device/common.sh
 case "${STAGE:-poll}" in
   copy)

@@ -67,3 +67,31 @@ def test_a_detached_run_works_in_a_snapshot_the_next_calls_copy_cannot_touch(tmp
     # a later call's fresh copy of the tree (here: the tree's modules gone) leaves the snapshot whole
     (tree / "verl" / "main_ppo.py").unlink()
     assert (work / "repo" / "verl" / "main_ppo.py").read_text() == "print('ok')\n"
+
+
+def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the_reports_back(tmp_path):
+    """benchmarks/device/paper_scale.sh's start and poll stages, with the GPU training script replaced by one
+    that writes what the real one writes (its summary and paper_scale.json), from a snapshot of the tree."""
+    tree, work, out = tmp_path / "tree", tmp_path / "work", tmp_path / "out"
+    (tree / "benchmarks" / "device").mkdir(parents=True)
+    (tree / "benchmarks" / "results").mkdir()
+    for name in ("common.sh", "paper_scale.sh"):
+        (tree / "benchmarks" / "device" / name).write_text((ROOT / "benchmarks" / "device" / name).read_text())
+    (tree / "benchmarks" / "results" / "paper_scale.json").write_text('{"retriever": {}}\n')
+    (tree / "benchmarks" / "paper_scale_train.sh").write_text(  # the stand-in: needs no GPU
+        'echo "shape $SHAPE from $PWD"; echo "{\\"shape\\": \\"$SHAPE\\"}" > "$OUT/paper_scale_train_$SHAPE.json"\n'
+        'cat "$OUT/paper_scale.json" > /dev/null && echo "== grpo: $SHAPE"\n')
+    env = {**os.environ, "WORK_DIR": str(work), "OUT": str(out), "SHAPES": "qwen2.5-3b,qwen2.5-1.5b"}
+    driver = ["bash", "benchmarks/device/paper_scale.sh"]
+    started = subprocess.run(driver, cwd=tree, env={**env, "STAGE": "start"}, capture_output=True, text=True,
+                             timeout=60)
+    assert started.returncode == 0 and "paper_scale started" in started.stdout, started.stderr
+    polled = subprocess.run(driver, cwd=tree, env={**env, "STAGE": "poll", "WAIT_S": "30"}, capture_output=True,
+                            text=True, timeout=60)
+    assert polled.returncode == 0, polled.stderr
+    assert "== grpo: qwen2.5-3b" in polled.stdout and "paper_scale: done" in polled.stdout
+    log = (out / "run.log.txt").read_text()
+    assert log.index("shape qwen2.5-3b") < log.index("shape qwen2.5-1.5b")  # one shape after the other
+    assert f"from {work / 'repo'}" in log  # in the snapshot, not the tree the next call re-copies
+    assert {p.name for p in out.glob("paper_scale*.json")} == {
+        "paper_scale.json", "paper_scale_train_qwen2.5-3b.json", "paper_scale_train_qwen2.5-1.5b.json"}
