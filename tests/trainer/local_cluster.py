@@ -150,8 +150,9 @@ class LocalRayCluster:
         running = [name for name, proc in self.nodes.items() if proc.poll() is None]
         if set(running) <= set(self._node_ids):
             return {name: self._node_ids[name] for name in running}
-        query = ("import json, ray; ray.init(); print(json.dumps([[n['NodeID'], n['NodeManagerPort'], n['Alive']] "
-                 "for n in ray.nodes()]))")
+        # the answer's line is marked: Ray may print its own lines (a lagging raylet's warning) after it
+        query = ("import json, ray; ray.init(); print('NODES ' + json.dumps([[n['NodeID'], n['NodeManagerPort'], "
+                 "n['Alive']] for n in ray.nodes()]), flush=True)")
         env = dict(os.environ, **self.driver_env())
         deadline = time.monotonic() + timeout_s
         while True:
@@ -160,8 +161,9 @@ class LocalRayCluster:
             alive = {name: proc for name, proc in self.nodes.items() if proc.poll() is None}
             result = subprocess.run([sys.executable, "-c", query], env=env, capture_output=True, text=True,
                                     timeout=timeout_s)
-            if result.returncode == 0:
-                ports = {port: node_id for node_id, port, up in json.loads(result.stdout.splitlines()[-1]) if up}
+            answer = [line for line in result.stdout.splitlines() if line.startswith("NODES ")]
+            if result.returncode == 0 and answer:
+                ports = {port: node_id for node_id, port, up in json.loads(answer[-1].removeprefix("NODES ")) if up}
                 found = {name: ports[self.raylet_ports[name]] for name in alive if self.raylet_ports[name] in ports}
                 if len(found) == len(alive):
                     self._node_ids.update(found)
