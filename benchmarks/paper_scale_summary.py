@@ -11,7 +11,8 @@ search metric, step 1 (compilation, CUDA graphs, first allocations) and the medi
 (prompt + response tokens of one row) seen, to show whether multi-turn contexts above 2k tokens occurred,
 and ``figures``: what issue 28 asks of each run (step time and split, tokens/s/GPU, the update's MFU,
 peak GPU memory, longest context). ``--into`` adds the runs to another report under ``train``, keyed
-``<shape>_<run>`` (a later run of the same key replaces it).
+``<shape>_<run>`` (``<shape>_<run>_<n>gpu`` for runs on ``--num_gpus`` n > 1; a later run of the same key
+replaces it), and rewrites its ``scaling``: each multi-GPU run against the 1-GPU run of the same key.
 """
 
 from __future__ import annotations
@@ -68,6 +69,26 @@ def summarize_run(path: Path, num_gpus: int) -> dict:
     return out
 
 
+def scaling(train: dict) -> dict:
+    """Each run on n > 1 GPUs against the 1-GPU run of its shape and algorithm (``train``'s keys
+    ``<key>_<n>gpu`` and ``<key>``), as weak scaling: the runs give each GPU the same share of the batch
+    (``paper_scale_train.sh``'s ``GPUS``), so ``efficiency`` = tokens/s/GPU on n GPUs over tokens/s/GPU
+    on one (1.0: perfect) and ``speedup`` = whole-step tokens/s on n GPUs over one GPU's (n: perfect).
+    Pairs where either run measured no step after the first (``figures.steps_measured`` 0) are left out."""
+    out = {}
+    for key, run in sorted(train.items()):
+        gpus = run.get("num_gpus", 1)
+        one = train.get(key.removesuffix(f"_{gpus}gpu")) if gpus > 1 and key.endswith(f"_{gpus}gpu") else None
+        if one is None or not (one["figures"]["steps_measured"] and run["figures"]["steps_measured"]):
+            continue
+        per_gpu = [one["figures"]["tokens_per_s_per_gpu"], run["figures"]["tokens_per_s_per_gpu"]]
+        out[key] = {"num_gpus": [1, gpus], "train_batch_size": [one["train_batch_size"], run["train_batch_size"]],
+                    "step_s": [one["figures"]["step_s"], run["figures"]["step_s"]],
+                    "tokens_per_s_per_gpu": per_gpu, "efficiency": round(per_gpu[1] / per_gpu[0], 3),
+                    "speedup": round(gpus * per_gpu[1] / per_gpu[0], 3)}
+    return out
+
+
 def _describe_model(folder: str, shape: str) -> str:
     bias = Path(folder) / "search_bias.json"
     if bias.exists():
@@ -99,8 +120,10 @@ def main(argv=None) -> None:
     args.output.write_text(json.dumps(report, indent=2))
     if args.into:
         merged = json.loads(args.into.read_text()) if args.into.exists() else {}
-        merged.setdefault("train", {}).update({f"{args.shape}_{name}": {**run, "meta": report["meta"]}
+        suffix = f"_{args.num_gpus}gpu" if args.num_gpus > 1 else ""
+        merged.setdefault("train", {}).update({f"{args.shape}_{name}{suffix}": {**run, "meta": report["meta"]}
                                                for name, run in runs.items()})
+        merged["scaling"] = scaling(merged["train"])
         args.into.write_text(json.dumps(merged, indent=2) + "\n")
     print(json.dumps(report, indent=2))
 

@@ -3,14 +3,16 @@
 # Qwen2.5 shape biased to search (benchmarks/paper_scale_prep.py: turns close with </search> after ~150
 # tokens, prompts end with a forced "<search>"), against a real retriever server on the same machine.
 # Per run: metrics.jsonl (timing_s/*, perf/max_memory_*_gb/<phase>, perf/throughput_tokens_per_s,
-# perf/mfu/actor, context_length/max) in $OUT/paper_train/<shape>/<algo>; a summary
-# $OUT/paper_scale_train_<shape>.json, and the runs added under "train" to $OUT/paper_scale.json.
+# perf/mfu/actor, context_length/max) in $OUT/paper_train/<shape>/<algo> (with GPUS > 1:
+# $OUT/paper_train/<shape>/<GPUS>gpu/<algo>); a summary $OUT/paper_scale_train_<shape>[_<GPUS>gpu].json, and
+# the runs added under "train" to $OUT/paper_scale.json (with GPUS > 1 also "scaling" against the 1-GPU runs).
 # On the device use benchmarks/device/paper_scale.sh (stages, detached); by hand, repo root, /tmp/site
 # holding .whl plus vLLM (bash ../shared/device/wheels.sh --vllm):
 #   STEPS=4 ALGOS=grpo,ppo SHAPE=qwen2.5-3b RETRIEVER=bm25 bash benchmarks/paper_scale_train.sh
 # Env: SHAPE (qwen2.5-3b | qwen2.5-1.5b), STEPS (4: step 1 compiles, the median is of the rest), ALGOS
-# (grpo,ppo), BATCH (64 prompts = the paper's 512 over 8 GPUs; 512 = the whole paper batch on one GPU,
-# ~8x longer), MAX_TURNS (4; the paper uses 2-4), RUN_TIMEOUT (900 s per run), RETRIEVER (bm25: BM25
+# (grpo,ppo), BATCH (prompts per GPU: 64 = the paper's 512 over 8 GPUs; 512 = the whole paper batch on one
+# GPU, ~8x longer), GPUS (1: ranks of one node, one GPU each; the step's batch is BATCH x GPUS, so a run
+# on 2 GPUs does each GPU's work of the 1-GPU run: weak scaling), MAX_TURNS (4; the paper uses 2-4), RUN_TIMEOUT (900 s per run), RETRIEVER (bm25: BM25
 # over example/corpus.jsonl, built here; scale: the part-1 retriever, 10M synthetic e5 Flat vectors in
 # fp16 on the same GPU, from benchmarks/device/retriever_scale.sh's /tmp/scale), GPU_MEM_UTIL (0.35: vLLM's
 # share; the scale retriever holds ~18 GB), MAX_MODEL_LEN, EXTRA (more overrides), MODEL + DATA (another
@@ -21,9 +23,11 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHON=python3
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false VLLM_USE_FLASHINFER_SAMPLER=0
 out=${OUT:-benchmarks/results}
 steps=${STEPS:-4}
-batch=${BATCH:-64}
+gpus=${GPUS:-1}
+batch=$(( ${BATCH:-64} * gpus ))
 shape=${SHAPE:-qwen2.5-3b}
-runs="$out/paper_train/$shape"
+runs="$out/paper_train/$shape" summary="$out/paper_scale_train_$shape.json"
+if [ "$gpus" -gt 1 ]; then runs+="/${gpus}gpu" summary="${summary%.json}_${gpus}gpu.json"; fi
 mkdir -p "$runs"
 nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
 # 1. Model and data (kept in /tmp between calls on a warm machine).
@@ -68,14 +72,14 @@ read -r -a extra <<< "${EXTRA:-}"
 common+=("${extra[@]}")
 summarize() {  # the summary JSON and paper_scale.json's "train", rewritten after every run (a cut hold keeps them)
   python3 benchmarks/paper_scale_summary.py --runs_dir "$runs" --shape "$shape" --batch "$batch" \
-    --max_prompt_length 4096 --model "$model" --retriever "${RETRIEVER:-bm25}" \
-    --output "$out/paper_scale_train_$shape.json" --into "$out/paper_scale.json" > /dev/null || true
+    --num_gpus "$gpus" --max_prompt_length 4096 --model "$model" --retriever "${RETRIEVER:-bm25}" \
+    --output "$summary" --into "$out/paper_scale.json" > /dev/null || true
 }
 run_algo() {  # name script extra-overrides...
   local name=$1 script=$2; shift 2
-  echo "== $name: $shape ($model), batch $batch, max_prompt_length 4096, $steps steps =="
-  N_GPUS=1 BASE_MODEL="$model" DATA_DIR="$data" ROLLOUT_NAME=vllm \
-    RETRIEVER_URL=http://127.0.0.1:8000/retrieve EXPERIMENT_NAME="paper-$name" CKPT_DIR="/tmp/ckpt-paper-$name" \
+  echo "== $name: $shape ($model), $gpus GPU(s), batch $batch, max_prompt_length 4096, $steps steps =="
+  N_GPUS=$gpus BASE_MODEL="$model" DATA_DIR="$data" ROLLOUT_NAME=vllm \
+    RETRIEVER_URL=http://127.0.0.1:8000/retrieve EXPERIMENT_NAME="paper-$name" CKPT_DIR="/tmp/ckpt-paper-$name-${gpus}gpu" \
     timeout -k 10 "${RUN_TIMEOUT:-900}" bash "$script" "${common[@]}" trainer.log_dir="$runs/$name" "$@"
   echo "$name exit: $?"
   summarize

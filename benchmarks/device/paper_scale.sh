@@ -9,8 +9,11 @@
 #   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-3b ALGOS=grpo,ppo bash benchmarks/device/paper_scale.sh
 #                                                         # detached: each shape's runs, one after the other
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/paper_scale.sh   # repeat until "paper_scale: done"
+# On a machine of several GPUs (kind nvidia-h200-x2), issue 28's scaling: the 1.5B shape's GRPO step on one
+# GPU, then on two, each GPU with the same share of the batch (the report's "scaling" compares them):
+#   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo GPU_COUNTS=1,2 bash benchmarks/device/paper_scale.sh
 # The start stage passes paper_scale_train.sh's own variables on (STEPS, ALGOS, BATCH, RETRIEVER, RUN_TIMEOUT,
-# GPU_MEM_UTIL, MAX_MODEL_LEN, EXTRA). Each poll's $OUT gets paper_scale.json (the committed report with the
+# GPU_MEM_UTIL, MAX_MODEL_LEN, EXTRA); GPU_COUNTS (1) lists its GPUS, each shape run for each in turn. Each poll's $OUT gets paper_scale.json (the committed report with the
 # runs so far under "train": it is rewritten after every run), the per-shape summaries and the log's tail.
 set -uo pipefail
 work=${WORK_DIR:-/tmp/paper_scale}  # WORK_DIR: tests
@@ -25,9 +28,11 @@ case "${STAGE:-poll}" in
   start)
     mkdir -p "$work/results" && cp benchmarks/results/paper_scale.json "$work/results/"
     run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
-    runs="" SHAPES=${SHAPES:-qwen2.5-3b}
+    runs="" SHAPES=${SHAPES:-qwen2.5-3b} GPU_COUNTS=${GPU_COUNTS:-1}
     for shape in ${SHAPES//,/ }; do
-      runs+="OUT=$work/results SHAPE=$shape bash benchmarks/paper_scale_train.sh; "
+      for gpus in ${GPU_COUNTS//,/ }; do
+        runs+="OUT=$work/results SHAPE=$shape GPUS=$gpus bash benchmarks/paper_scale_train.sh; "
+      done
     done
     setsid nohup bash -c "$runs echo 'paper_scale: done'" > "$work/run.log" 2>&1 < /dev/null &
     echo "paper_scale started (pid $!)"

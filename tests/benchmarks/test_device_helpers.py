@@ -79,9 +79,10 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
         (tree / "benchmarks" / "device" / name).write_text((ROOT / "benchmarks" / "device" / name).read_text())
     (tree / "benchmarks" / "results" / "paper_scale.json").write_text('{"retriever": {}}\n')
     (tree / "benchmarks" / "paper_scale_train.sh").write_text(  # the stand-in: needs no GPU
-        'echo "shape $SHAPE from $PWD"; echo "{\\"shape\\": \\"$SHAPE\\"}" > "$OUT/paper_scale_train_$SHAPE.json"\n'
+        'echo "shape $SHAPE on $GPUS from $PWD"; echo "{\\"shape\\": \\"$SHAPE\\"}" > "$OUT/paper_scale_train_$SHAPE.json"\n'
         'cat "$OUT/paper_scale.json" > /dev/null && echo "== grpo: $SHAPE"\n')
-    env = {**os.environ, "WORK_DIR": str(work), "OUT": str(out), "SHAPES": "qwen2.5-3b,qwen2.5-1.5b"}
+    env = {**os.environ, "WORK_DIR": str(work), "OUT": str(out), "SHAPES": "qwen2.5-3b,qwen2.5-1.5b",
+           "GPU_COUNTS": "1,2"}
     driver = ["bash", "benchmarks/device/paper_scale.sh"]
     started = subprocess.run(driver, cwd=tree, env={**env, "STAGE": "start"}, capture_output=True, text=True,
                              timeout=60)
@@ -91,7 +92,9 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
     assert polled.returncode == 0, polled.stderr
     assert "== grpo: qwen2.5-3b" in polled.stdout and "paper_scale: done" in polled.stdout
     log = (out / "run.log.txt").read_text()
-    assert log.index("shape qwen2.5-3b") < log.index("shape qwen2.5-1.5b")  # one shape after the other
+    # one shape after the other, each on one GPU, then on two
+    order = [log.index(f"shape {shape} on {gpus} ") for shape in ("qwen2.5-3b", "qwen2.5-1.5b") for gpus in (1, 2)]
+    assert order == sorted(order)
     assert f"from {work / 'repo'}" in log  # in the snapshot, not the tree the next call re-copies
     assert {p.name for p in out.glob("paper_scale*.json")} == {
         "paper_scale.json", "paper_scale_train_qwen2.5-3b.json", "paper_scale_train_qwen2.5-1.5b.json"}

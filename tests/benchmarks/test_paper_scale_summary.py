@@ -47,3 +47,29 @@ def test_figures_and_the_merge_into_the_report(tmp_path):
     assert ppo["meta"]["commit"] and ppo["figures"]["steps_measured"] == 1
     # a log without context_length/max gives only a bound, named as one
     assert ppo["longest_context_tokens"] is None and ppo["longest_context_bound_tokens"] == 3200
+
+
+def test_two_gpu_runs_are_keyed_apart_and_scaled_against_the_one_gpu_run(tmp_path):
+    """paper_scale_train.sh with GPUS=2 puts its runs in <shape>/2gpu and passes --num_gpus 2: the report
+    keys them <shape>_<algo>_2gpu and "scaling" compares each with the 1-GPU run (weak scaling: the same
+    batch a GPU, so 2 GPUs at 0.8x one GPU's tokens/s/GPU are 1.6x its whole-step tokens/s)."""
+    one, two, into = tmp_path / "qwen2.5-1.5b", tmp_path / "qwen2.5-1.5b" / "2gpu", tmp_path / "paper_scale.json"
+    _write_run(one / "grpo", [_step(1, 300.0, 100.0), _step(2, 60.0, 20.0), _step(3, 60.0, 20.0)])
+    _write_run(one / "ppo", [_step(1, 300.0, 100.0)])  # no step after the first: nothing to scale
+    _write_run(two / "ppo", [_step(1, 300.0, 100.0)])
+    run_two = [_step(1, 320.0, 110.0), _step(2, 75.0, 20.0), _step(3, 75.0, 20.0)]
+    for step in run_two:
+        step["perf/throughput_tokens_per_s"] = 14400.0  # both GPUs together
+    _write_run(two / "grpo", run_two)
+    common = ["--shape", "qwen2.5-1.5b", "--into", str(into)]
+    paper_scale_summary.main(["--runs_dir", str(one), "--batch", "64", "--output", str(tmp_path / "one.json"),
+                              *common])
+    paper_scale_summary.main(["--runs_dir", str(two), "--batch", "128", "--num_gpus", "2",
+                              "--output", str(tmp_path / "two.json"), *common])
+    report = json.loads(into.read_text())
+    assert set(report["train"]) == {"qwen2.5-1.5b_grpo", "qwen2.5-1.5b_ppo", "qwen2.5-1.5b_grpo_2gpu",
+                                    "qwen2.5-1.5b_ppo_2gpu"}
+    assert report["train"]["qwen2.5-1.5b_grpo_2gpu"]["figures"]["tokens_per_s_per_gpu"] == 7200.0
+    assert report["scaling"] == {"qwen2.5-1.5b_grpo_2gpu": {
+        "num_gpus": [1, 2], "train_batch_size": [64, 128], "step_s": [60.0, 75.0],
+        "tokens_per_s_per_gpu": [9000.0, 7200.0], "efficiency": 0.8, "speedup": 1.6}}
