@@ -75,8 +75,8 @@ def check_data_files(config: PPOConfig) -> None:
         files = getattr(config.data, key)
         for path in [files] if isinstance(files, str) else list(files):
             if not Path(path).expanduser().is_file():
-                raise ValueError(f"data.{key}={path}: no such file; write the parquet files with "
-                                 f"scripts/data_process/ (README, Data) or point data.{key} at them")
+                raise ValueError(f"data.{key}={path}: no such file; point data.{key} at a parquet or JSONL "
+                                 f"file (README, Data; scripts/data_process/ writes Search-R1's parquet rows)")
 
 
 def check_paths(config: PPOConfig) -> None:
