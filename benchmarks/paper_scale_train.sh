@@ -12,9 +12,9 @@
 # Env: SHAPE (qwen2.5-3b | qwen2.5-1.5b), STEPS (4: step 1 compiles, the median is of the rest), ALGOS
 # (grpo,ppo), BATCH (prompts per GPU: 64 = the paper's 512 over 8 GPUs; 512 = the whole paper batch on one
 # GPU, ~8x longer), GPUS (1: ranks of one node, one GPU each; the step's batch is BATCH x GPUS, so a run
-# on 2 GPUs does each GPU's work of the 1-GPU run: weak scaling), MAX_TURNS (4; the paper uses 2-4), RUN_TIMEOUT (900 s per run), RETRIEVER (bm25: BM25
-# over example/corpus.jsonl, built here; scale: the part-1 retriever, 10M synthetic e5 Flat vectors in
-# fp16 on the same GPU, from benchmarks/device/retriever_scale.sh's /tmp/scale), GPU_MEM_UTIL (0.35: vLLM's
+# on 2 GPUs does each GPU's work of the 1-GPU run: weak scaling), MAX_TURNS (4; the paper uses 2-4),
+# RUN_TIMEOUT (900 s per run), RETRIEVER (bm25: BM25 over example/corpus.jsonl, built here; scale: the
+# part-1 retriever, 10M synthetic e5 Flat vectors in fp16 on the same GPU, from benchmarks/device/retriever_scale.sh's /tmp/scale), GPU_MEM_UTIL (0.35: vLLM's
 # share; the scale retriever holds ~18 GB), MAX_MODEL_LEN, EXTRA (more overrides), MODEL + DATA (another
 # policy and data folder, e.g. the real SmolLM2 with its chat-template data:
 # MODEL=$(python3 -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())') DATA=/tmp/paper_data_src).
