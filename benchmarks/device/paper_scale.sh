@@ -14,7 +14,8 @@
 #   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo GPU_COUNTS=1,2 bash benchmarks/device/paper_scale.sh
 # The start stage passes paper_scale_train.sh's own variables on (STEPS, ALGOS, BATCH, RETRIEVER, RUN_TIMEOUT,
 # GPU_MEM_UTIL, MAX_MODEL_LEN, EXTRA); GPU_COUNTS (1) lists its GPUS, each shape run for each in turn. Each poll's $OUT gets paper_scale.json (the committed report with the
-# runs so far under "train": it is rewritten after every run), the per-shape summaries and the log's tail.
+# runs so far under "train": it is rewritten after every run), the per-shape summaries, each run's metrics.jsonl
+# (metrics_<shape>_<algo>_metrics.jsonl) and the log's tail.
 set -uo pipefail
 work=${WORK_DIR:-/tmp/paper_scale}  # WORK_DIR: tests
 source benchmarks/device/common.sh
@@ -40,6 +41,10 @@ case "${STAGE:-poll}" in
   poll)
     wait_for_line "paper_scale: done"
     cp "$work"/results/paper_scale*.json "$out/" 2>/dev/null
+    # each run's metrics.jsonl as it stands (a run the hold cuts is summarized here from it)
+    for m in "$work"/results/paper_train/*/*/metrics.jsonl "$work"/results/paper_train/*/*/*/metrics.jsonl; do
+      [ -f "$m" ] && cp "$m" "$out/metrics_$(echo "${m#"$work"/results/paper_train/}" | tr / _)"
+    done
     tail -c 2000000 "$work/run.log" > "$out/run.log.txt" 2>/dev/null
     grep -E '^== |exit:|^step:[0-9]+ |paper_scale: done|Traceback|Error' "$work/run.log" 2>/dev/null | cut -c1-300 | tail -n 25
     ;;
