@@ -55,13 +55,31 @@ def run_metadata() -> dict:
 
 
 def _gpu_info() -> dict | None:
-    """Name, memory and CUDA version of GPU 0, or None without a GPU (or without torch loaded)."""
+    """Name, memory and CUDA version of GPU 0, or None without a GPU.
+
+    From torch where the caller loaded it, else from ``nvidia-smi`` (a report written beside a run
+    need not start CUDA for this).
+    """
     torch = sys.modules.get("torch")
-    if torch is None or not torch.cuda.is_available():
+    if torch is None:
+        return _nvidia_smi_info()
+    if not torch.cuda.is_available():
         return None
     props = torch.cuda.get_device_properties(0)
     return {"name": props.name, "memory_gib": round(props.total_memory / 2**30, 1),
             "count": torch.cuda.device_count(), "cuda": torch.version.cuda}
+
+
+def _nvidia_smi_info() -> dict | None:
+    try:
+        lines = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total", "--format=csv,noheader,nounits"],
+                               capture_output=True, text=True, timeout=30).stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if not lines or "," not in lines[0]:
+        return None
+    name, memory_mib = (part.strip() for part in lines[0].split(",", 1))
+    return {"name": name, "memory_gib": round(float(memory_mib) / 1024, 1), "count": len(lines), "cuda": None}
 
 
 class PeakSampler:

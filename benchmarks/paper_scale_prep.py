@@ -38,6 +38,7 @@ PREFIX = "<think>I need to look this up.</think>\n<search>"
 OPEN, CLOSE = "<search>", "</search>"
 BIAS_COORD = 0  # the embedding coordinate carrying the bias
 BASE_VALUE = 1.0  # that coordinate for every token: dominates the residual stream's sign
+MAX_OFFSET = 1024.0  # the largest offset tried for the two tokens
 
 
 def token_probabilities(model, token_ids: list[int], seq_len: int = 128, batch: int = 4, seed: int = 0) -> list[float]:
@@ -73,6 +74,13 @@ def bias_model(model, open_id: int, close_id: int, close_every: float = 150.0, i
         found = {}
         for token, target in targets.items():
             low, high = 0.0, 8.0
+            # deeper models damp the bias more (the 3B shape needs more than 8): widen until it is reached
+            weight[token, BIAS_COORD] = BASE_VALUE + high
+            while token_probabilities(model, [token])[0] < target:
+                if high >= MAX_OFFSET:
+                    raise ValueError(f"token {token}: probability {target:.4g} not reached at offset {high}")
+                low, high = high, high * 2
+                weight[token, BIAS_COORD] = BASE_VALUE + high
             for _ in range(iterations):
                 mid = (low + high) / 2
                 weight[token, BIAS_COORD] = BASE_VALUE + mid

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import run_metadata  # noqa: E402
+from benchmarks.gpu_generation import host_probe_ms  # noqa: E402
 
 PREFIXES = ("timing_s/", "perf/", "response_length/", "prompt_length/", "context_length/", "critic/score/", "env/")
 SPLIT = ("gen", "ref", "old_log_prob", "values", "update_critic", "update_actor", "weight_sync")
@@ -115,7 +116,9 @@ def main(argv=None) -> None:
                                      "train_batch_size": args.batch, "num_gpus": args.num_gpus,
                                      "model": _describe_model(args.model, args.shape), "retriever": args.retriever,
                                      **summarize_run(metrics, args.num_gpus)}
-    report = {"benchmark": "paper_scale_train", "meta": run_metadata(), "runs": runs}
+    # the host's speed as the report is written (right after the run): these machines are shared
+    report = {"benchmark": "paper_scale_train", "meta": {**run_metadata(), "host_probe_ms": round(host_probe_ms(), 1)},
+              "runs": runs}
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_text(json.dumps(report, indent=2))
     if args.into:

@@ -13,7 +13,7 @@
 # (grpo,ppo), BATCH (prompts per GPU: 64 = the paper's 512 over 8 GPUs; 512 = the whole paper batch on one
 # GPU, ~8x longer), GPUS (1: ranks of one node, one GPU each; the step's batch is BATCH x GPUS, so a run
 # on 2 GPUs does each GPU's work of the 1-GPU run: weak scaling), MAX_TURNS (4; the paper uses 2-4),
-# RUN_TIMEOUT (900 s per run), RETRIEVER (bm25: BM25 over example/corpus.jsonl, built here; scale: the
+# RUN_TIMEOUT (1200 s per run), RETRIEVER (bm25: BM25 over example/corpus.jsonl, built here; scale: the
 # part-1 retriever, 10M synthetic e5 Flat vectors in fp16 on the same GPU, from benchmarks/device/retriever_scale.sh's /tmp/scale), GPU_MEM_UTIL (0.35: vLLM's
 # share; the scale retriever holds ~18 GB), MAX_MODEL_LEN, EXTRA (more overrides), MODEL + DATA (another
 # policy and data folder, e.g. the real SmolLM2 with its chat-template data:
@@ -80,7 +80,7 @@ run_algo() {  # name script extra-overrides...
   echo "== $name: $shape ($model), $gpus GPU(s), batch $batch, max_prompt_length 4096, $steps steps =="
   N_GPUS=$gpus BASE_MODEL="$model" DATA_DIR="$data" ROLLOUT_NAME=vllm \
     RETRIEVER_URL=http://127.0.0.1:8000/retrieve EXPERIMENT_NAME="paper-$name" CKPT_DIR="/tmp/ckpt-paper-$name-${gpus}gpu" \
-    timeout -k 10 "${RUN_TIMEOUT:-900}" bash "$script" "${common[@]}" trainer.log_dir="$runs/$name" "$@"
+    timeout -k 10 "${RUN_TIMEOUT:-1200}" bash "$script" "${common[@]}" trainer.log_dir="$runs/$name" "$@"
   echo "$name exit: $?"
   summarize
 }

@@ -73,7 +73,8 @@ def save_random_model(shape_name: str, tokenizer_path: str, out_dir: str, dtype:
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     if len(tokenizer) > shape.vocab_size:
         raise ValueError(f"tokenizer {tokenizer_path} has {len(tokenizer)} ids > vocab {shape.vocab_size}")
-    model = build_random_model(shape, getattr(torch, dtype), "cpu")
+    # initialised on the GPU where there is one: a 3B shape's bf16 init takes ~2.5 min on 16 CPU cores
+    model = build_random_model(shape, getattr(torch, dtype), "cuda" if torch.cuda.is_available() else "cpu")
     # Stop tokens follow the borrowed tokenizer, so generation config and chat template agree.
     for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
         value = getattr(tokenizer, key)

@@ -59,3 +59,18 @@ def test_search_data_ends_every_prompt_with_the_prefix(tmp_path):
     rows = pq.read_table(tmp_path / "out" / "train.parquet").to_pylist()
     assert rows[1]["prompt"] == [{"role": "user", "content": "Answer the question. Question: q1?\n" + PREFIX}]
     assert rows[1]["reward_model"] == {"ground_truth": {"target": ["a"]}}
+
+
+def test_bias_offset_grows_past_its_first_range_and_an_unreachable_rate_fails(random_model_dir):
+    """Deeper models damp the bias (the 3B shape needed ~10): the search widens past 8, and says when it cannot."""
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.paper_scale_prep import bias_model
+
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    with torch.no_grad():  # a final norm 10x smaller: every logit, the bias's too, 10x flatter
+        model.model.norm.weight.mul_(0.1)
+    info = bias_model(model, 49152, 49153, close_every=30.0, iterations=10)
+    assert info["close"][0] > 8 and info["close"][1] == pytest.approx(1 / 30, rel=0.5)
+    with pytest.raises(ValueError, match="token 49152: probability 2 not reached"):
+        bias_model(model, 49152, 49153, close_every=1.0, iterations=2)

@@ -2,6 +2,7 @@
 metrics, and the runs added to the committed paper_scale.json beside what it already holds."""
 
 import json
+import os
 
 import pytest
 
@@ -73,3 +74,19 @@ def test_two_gpu_runs_are_keyed_apart_and_scaled_against_the_one_gpu_run(tmp_pat
     assert report["scaling"] == {"qwen2.5-1.5b_grpo_2gpu": {
         "num_gpus": [1, 2], "train_batch_size": [64, 128], "step_s": [60.0, 75.0],
         "tokens_per_s_per_gpu": [9000.0, 7200.0], "efficiency": 0.8, "speedup": 1.6}}
+
+
+def test_gpu_named_from_nvidia_smi_when_torch_is_not_loaded(tmp_path, monkeypatch):
+    """The summary runs without torch: the report's GPU comes from nvidia-smi's CSV (a local stand-in here)."""
+    import sys
+
+    from benchmarks import common
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA H200, 143771'\necho 'NVIDIA H200, 143771'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert common._gpu_info() == {"name": "NVIDIA H200", "memory_gib": 140.4, "count": 2, "cuda": None}
+    fake.write_text("#!/bin/sh\nexit 9\n")  # no driver: no GPU named
+    assert common._gpu_info() is None
