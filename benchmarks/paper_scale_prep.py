@@ -11,7 +11,8 @@ multi-turn context ever forms, forced ``<search>`` prefix or not. ``model`` ther
    ~``1/close_every`` and ``<search>`` with ~twice that: one embedding coordinate is set to a constant
    for every token (so the final hidden state carries a large, fixed-sign component along it) and
    raised further for the two tokens. With tied embeddings that raises exactly those two logits.
-   The offsets are found by bisection on measured probabilities (one forward pass each).
+   The offsets are found by bisection on measured probabilities (one forward pass each), each token
+   recalibrated with the other in place (they compete where the coordinate is strongest).
 
 Turns then end after ~``close_every`` tokens with a ``</search>``; the first turn, opened by the
 forced prefix, is a valid search, later ones are valid when ``<search>`` came first (~2/3), else
@@ -54,41 +55,58 @@ def token_probabilities(model, token_ids: list[int], seq_len: int = 128, batch: 
     return [float(probs[..., t].mean()) for t in token_ids]
 
 
-def bias_model(model, open_id: int, close_id: int, close_every: float = 150.0, iterations: int = 14) -> dict:
+def _calibrate(model, token: int, target: float, iterations: int, samples: dict) -> float:
+    """Set ``token``'s bias offset so its mean probability is ``target`` (bisection); returns the offset.
+
+    Raises:
+        ValueError: ``target`` is not reached at ``MAX_OFFSET``.
+    """
+    weight = model.get_input_embeddings().weight
+
+    def probability_at(offset: float) -> float:
+        weight[token, BIAS_COORD] = BASE_VALUE + offset
+        return token_probabilities(model, [token], **samples)[0]
+
+    low, high = 0.0, 8.0
+    while probability_at(high) < target:  # deeper models damp the bias more (the 3B shape needs ~10)
+        if high >= MAX_OFFSET:
+            raise ValueError(f"token {token}: probability {target:.4g} not reached at offset {high}")
+        low, high = high, high * 2
+    for _ in range(iterations):
+        mid = (low + high) / 2
+        low, high = (mid, high) if probability_at(mid) < target else (low, mid)
+    probability_at((low + high) / 2)
+    return (low + high) / 2
+
+
+def bias_model(model, open_id: int, close_id: int, close_every: float = 150.0, iterations: int = 14,
+               rounds: int = 3, batch: int = 4, seq_len: int = 128) -> dict:
     """Set the embedding bias so ``</search>`` has probability ~1/close_every and ``<search>`` twice that.
+
+    The two tokens draw on the same coordinate, so they compete at the positions where it is strongest:
+    each is recalibrated with the other in place, ``rounds`` times. Probabilities are means over
+    ``batch`` x ``seq_len`` random positions (the bisection's sample; the returned ones use another).
 
     Returns:
         ``{"open": (offset, probability), "close": (offset, probability)}``.
     Raises:
-        ValueError: the model's input and output embeddings are not tied (the bias needs both).
+        ValueError: the model's input and output embeddings are not tied (the bias needs both), or a
+            probability is out of reach.
     """
     import torch
 
     if model.get_output_embeddings() is not None and \
             model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
         raise ValueError("bias_model needs tied input/output embeddings (Qwen2.5-3B ties them)")
-    weight = model.get_input_embeddings().weight
     targets = {open_id: 2.0 / close_every, close_id: 1.0 / close_every}
+    samples = {"batch": batch, "seq_len": seq_len}
     with torch.no_grad():
-        weight[:, BIAS_COORD] = BASE_VALUE
+        model.get_input_embeddings().weight[:, BIAS_COORD] = BASE_VALUE
         found = {}
-        for token, target in targets.items():
-            low, high = 0.0, 8.0
-            # deeper models damp the bias more (the 3B shape needs more than 8): widen until it is reached
-            weight[token, BIAS_COORD] = BASE_VALUE + high
-            while token_probabilities(model, [token])[0] < target:
-                if high >= MAX_OFFSET:
-                    raise ValueError(f"token {token}: probability {target:.4g} not reached at offset {high}")
-                low, high = high, high * 2
-                weight[token, BIAS_COORD] = BASE_VALUE + high
-            for _ in range(iterations):
-                mid = (low + high) / 2
-                weight[token, BIAS_COORD] = BASE_VALUE + mid
-                (prob,) = token_probabilities(model, [token])
-                low, high = (mid, high) if prob < target else (low, mid)
-            weight[token, BIAS_COORD] = BASE_VALUE + (low + high) / 2
-            found[token] = (low + high) / 2
-        probs = token_probabilities(model, [open_id, close_id], seed=1)
+        for _ in range(rounds):
+            for token, target in targets.items():
+                found[token] = _calibrate(model, token, target, iterations, samples)
+        probs = token_probabilities(model, [open_id, close_id], seed=1, **samples)
     return {"open": (found[open_id], probs[0]), "close": (found[close_id], probs[1]),
             "target_close_every": close_every}
 
@@ -108,7 +126,9 @@ def make_search_model(src: str, out: str, close_every: float = 150.0, device: st
     model = AutoModelForCausalLM.from_pretrained(src, dtype=dtype).to(device)
     if len(tokenizer) > model.get_input_embeddings().weight.shape[0]:
         raise ValueError(f"{src}: {len(tokenizer)} token ids do not fit the model's embedding")
-    info = bias_model(model, open_id, close_id, close_every)
+    # a GPU measures the means over 4,096 positions (the 3B shape's are heavy-tailed: a few positions carry them)
+    samples = {"batch": 16, "seq_len": 256} if device != "cpu" else {}
+    info = bias_model(model, open_id, close_id, close_every, **samples)
     model.to(torch.bfloat16).save_pretrained(out)
     tokenizer.save_pretrained(out)
     config = Path(out) / "tokenizer_config.json"

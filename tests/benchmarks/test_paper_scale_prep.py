@@ -70,7 +70,7 @@ def test_bias_offset_grows_past_its_first_range_and_an_unreachable_rate_fails(ra
     model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
     with torch.no_grad():  # a final norm 10x smaller: every logit, the bias's too, 10x flatter
         model.model.norm.weight.mul_(0.1)
-    info = bias_model(model, 49152, 49153, close_every=30.0, iterations=10)
+    info = bias_model(model, 49152, 49153, close_every=30.0, iterations=10, rounds=1)
     assert info["close"][0] > 8 and info["close"][1] == pytest.approx(1 / 30, rel=0.5)
     with pytest.raises(ValueError, match="token 49152: probability 2 not reached"):
-        bias_model(model, 49152, 49153, close_every=1.0, iterations=2)
+        bias_model(model, 49152, 49153, close_every=1.0, iterations=2, rounds=1)
