@@ -69,7 +69,9 @@ class FSDPConfig:
     """FSDP2 sharding of one model (``*.fsdp_config``)."""
 
     param_offload: bool = True
-    """keep parameters (and gradients, and the AdamW step) on the CPU between uses"""
+    """keep parameters (and gradients, and the AdamW step) on the CPU between uses: FSDP2's CPU offload,
+    unlike veRL's key of this name (parameters moved between phases, the step on the GPU): on a GPU
+    with room for the training state, false is several times faster (docs/benchmarks.md)"""
     optimizer_offload: bool = True
     """keep optimizer state on the CPU between updates (without `param_offload`)"""
     mixed_precision: Optional[str] = "bf16"
