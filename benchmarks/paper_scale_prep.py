@@ -75,7 +75,7 @@ def _calibrate(model, token: int, target: float, iterations: int, samples: dict)
     for _ in range(iterations):
         mid = (low + high) / 2
         low, high = (mid, high) if probability_at(mid) < target else (low, mid)
-    probability_at((low + high) / 2)
+    weight[token, BIAS_COORD] = BASE_VALUE + (low + high) / 2
     return (low + high) / 2
 
 
