@@ -164,6 +164,21 @@ def test_plus_form_and_plain_form_both_set_declared_keys():
         parse_config(["+trainer.no_such_key=1"])
 
 
+def test_verl_offload_keys_are_accepted_for_every_role():
+    """veRL's `param_offload` (between phases, the default) and `offload_policy` (FSDP2's CPU offload)."""
+    roles = ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic.model")
+    config = parse_config([f"{role}.fsdp_config.{key}={value}" for role in roles
+                           for key, value in (("param_offload", "false"), ("offload_policy", "true"))])
+    defaults = parse_config([])
+    for section in (lambda c: c.actor_rollout_ref.actor, lambda c: c.actor_rollout_ref.ref, lambda c: c.critic.model):
+        assert section(config).fsdp_config.offload_policy and not section(config).fsdp_config.param_offload
+        assert section(defaults).fsdp_config.param_offload and not section(defaults).fsdp_config.offload_policy
+    paper = parse_config(["+recipe=search_r1_ppo", "+recipe=paper_scale_one_gpu"])
+    for fsdp in (paper.actor_rollout_ref.actor.fsdp_config, paper.critic.model.fsdp_config):
+        assert (fsdp.param_offload, fsdp.offload_policy, fsdp.optimizer_offload) == (False, False, True)
+    assert paper.actor_rollout_ref.ref.fsdp_config.offload_policy  # as in its measured runs
+
+
 def test_engine_length_follows_the_data_budgets_and_a_short_one_is_rejected():
     config = parse_config(["data.max_prompt_length=4096", "data.max_response_length=500"])
     plan = make_run_plan(config, batches_per_epoch=10)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from verl.protocol import DataProto
+from verl.utils import fsdp_utils
 from verl.utils.device_memory import PhaseMemory
 from verl.utils.host_memory import HostMemoryConfig, HostMemoryHook
 from verl.utils.model_config import FSDPConfig
@@ -28,11 +29,66 @@ def test_on_device_copies_and_leaves_the_callers_batch_alone():
 
 @pytest.mark.parametrize("fsdp_config, moves", [
     (FSDPConfig(optimizer_offload=True, param_offload=False), True),
-    (FSDPConfig(optimizer_offload=True, param_offload=True), False),  # AdamW steps on the CPU then
+    (FSDPConfig(optimizer_offload=True, param_offload=True), True),  # the step runs on the GPU
+    (FSDPConfig(optimizer_offload=True, offload_policy=True), False),  # AdamW steps on the CPU then
     (FSDPConfig(optimizer_offload=False, param_offload=False), False),
 ])
 def test_optimizer_state_follows_the_parameters(fsdp_config, moves):
     assert _FSDPModelWorker._moves_optimizer(fsdp_config) is moves
+
+
+@pytest.mark.parametrize("fsdp_config, moves", [
+    (FSDPConfig(param_offload=True), True),
+    (FSDPConfig(param_offload=False), False),
+    (FSDPConfig(param_offload=True, offload_policy=True), False),  # never leave the host anyway
+])
+def test_parameters_move_between_phases_with_param_offload_only(fsdp_config, moves):
+    assert _FSDPModelWorker._moves_parameters(fsdp_config) is moves
+
+
+class MoveRecorder(torch.nn.Linear):
+    """A module that records where ``.to`` sends it instead of going there."""
+
+    def __init__(self):
+        super().__init__(2, 2)
+        self.moves: list[torch.device] = []
+
+    def to(self, *args, **kwargs):
+        self.moves.append(torch.device(args[0]))
+        return self
+
+
+def test_resident_loads_for_the_block_and_offloads_after_it_even_when_it_raises():
+    model, gpu = MoveRecorder(), torch.device("meta")  # any device that is not the host
+    with fsdp_utils.resident(model, enabled=True, device=gpu):
+        assert model.moves == [gpu]
+    assert model.moves == [gpu, torch.device("cpu")]
+    model.moves.clear()
+    with pytest.raises(RuntimeError, match="out of memory"):
+        with fsdp_utils.resident(model, enabled=True, device=gpu):
+            raise RuntimeError("out of memory")
+    assert model.moves == [gpu, torch.device("cpu")]
+    model.moves.clear()
+    with fsdp_utils.resident(model, enabled=False, device=gpu):
+        pass
+    assert model.moves == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-accelerator case")
+def test_resident_without_an_accelerator_leaves_the_module_where_it_is():
+    assert fsdp_utils.accelerator() is None
+    model = MoveRecorder()
+    with fsdp_utils.resident(model, enabled=True):
+        pass
+    assert model.moves == []
+    model = torch.nn.Linear(3, 2)
+    params = {name: (p, p.data_ptr()) for name, p in model.named_parameters()}
+    with fsdp_utils.resident(model, enabled=True):
+        out = model(torch.ones(1, 3))
+    out.sum().backward()
+    for name, p in model.named_parameters():
+        assert p is params[name][0] and p.data_ptr() == params[name][1] and p.device.type == "cpu", name
+        assert p.grad is not None, name
 
 
 def test_phase_memory_reports_the_phase_peak_and_forgets_after_pop():

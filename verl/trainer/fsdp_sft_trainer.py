@@ -133,8 +133,11 @@ class FSDPSFTTrainer:
         model = lora.maybe_wrap_lora(model, model_cfg)
         if lora.is_lora_model(model) and model_cfg.enable_gradient_checkpointing:
             model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
+        # SFT has no other phase to hand the GPU to between steps, so moving the whole model out and
+        # back (the RL workers' param_offload) would only add copies: its one offload is FSDP2's
+        # CPUOffloadPolicy, for a model whose training state does not fit the GPU.
         return fsdp_utils.apply_fsdp2(model, mixed_precision=model_cfg.fsdp_config.mixed_precision,
-                                      param_offload=model_cfg.fsdp_config.param_offload)
+                                      offload_policy=model_cfg.fsdp_config.param_offload)
 
     def _build_optimizer(self):
         optim = self.config.optim

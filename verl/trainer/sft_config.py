@@ -51,7 +51,9 @@ class SFTFSDPConfig:
     """FSDP2 placement of the fine-tuned model (``model.fsdp_config``)."""
 
     param_offload: bool = False
-    """keep parameters (and the AdamW step) on the CPU"""
+    """keep parameters, gradients and the AdamW step on the CPU: FSDP2's CPUOffloadPolicy (the RL
+    workers' `offload_policy`; SFT never needs the GPU for anything else between steps, so their
+    `param_offload`, which moves the model out between phases, has no use here)"""
     mixed_precision: Optional[str] = None
     """compute dtype on a GPU (`null`: bf16 parameters, fp32 reduction)"""
 

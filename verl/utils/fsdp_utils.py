@@ -7,8 +7,9 @@
 * :func:`apply_fsdp2`: ``fully_shard`` on each decoder layer and then on the root module, with a
   :class:`MixedPrecisionPolicy` (bf16 compute / fp32 reduce on GPU, fp32 on CPU) and optional
   :class:`CPUOffloadPolicy` (parameters, gradients and the optimizer step on CPU).
-* full (unsharded) state dicts for export and for pushing weights to the rollout engine;
-  optimizer-state offload between updates.
+* :func:`resident`: a sharded module on the accelerator for one phase and on the host between
+  phases (veRL's ``param_offload``); optimizer-state offload between updates.
+* full (unsharded) state dicts for export and for pushing weights to the rollout engine.
 
 Large models are loaded fully on every rank before sharding (no meta-device init); that is simple
 and fine up to a few billion parameters per host.
@@ -316,7 +317,7 @@ def mixed_precision_policy(mixed_precision: str | None = None):
                                 cast_forward_inputs=True)
 
 
-def apply_fsdp2(model: nn.Module, mesh=None, mixed_precision: Any = None, param_offload: bool = False,
+def apply_fsdp2(model: nn.Module, mesh=None, mixed_precision: Any = None, offload_policy: bool = False,
                 reshard_after_forward: bool = True) -> nn.Module:
     """Shard ``model`` in place with FSDP2: each decoder layer, then the root.
 
@@ -324,8 +325,10 @@ def apply_fsdp2(model: nn.Module, mesh=None, mixed_precision: Any = None, param_
         model: a Hugging Face model on CPU (it is moved to the mesh's device).
         mesh: a 1-D ``DeviceMesh`` (default: all ranks of the default group).
         mixed_precision: see :func:`mixed_precision_policy`.
-        param_offload: keep sharded params (and grads, and the optimizer step) on CPU between uses
-            (:class:`CPUOffloadPolicy`). Ignored on a CPU-only machine, where it changes nothing.
+        offload_policy: keep sharded params, grads and the optimizer step on the CPU, each layer
+            copied to the device for its forward and backward (:class:`CPUOffloadPolicy`, pinned on
+            a GPU). On a CPU-only machine the copies are no-ops. Not to be confused with moving the
+            whole module between phases (:func:`resident`).
         reshard_after_forward: free gathered params after forward (ZeRO-3); False keeps them (ZeRO-2).
     Returns:
         The same module, now an ``FSDPModule``.
@@ -338,8 +341,8 @@ def apply_fsdp2(model: nn.Module, mesh=None, mixed_precision: Any = None, param_
     if mesh is None:
         mesh = init_device_mesh(device, (dist.get_world_size(),))
     offload = OffloadPolicy()
-    if param_offload and device == "cuda":
-        offload = CPUOffloadPolicy(pin_memory=True)
+    if offload_policy:
+        offload = CPUOffloadPolicy(pin_memory=device == "cuda")
     elif device == "cuda":
         model.to(torch.device("cuda", torch.cuda.current_device()))
     kwargs = {"mesh": mesh, "mp_policy": mixed_precision_policy(mixed_precision), "offload_policy": offload,
@@ -348,6 +351,62 @@ def apply_fsdp2(model: nn.Module, mesh=None, mixed_precision: Any = None, param_
         fully_shard(layer, **kwargs)
     fully_shard(model, **kwargs)
     return model
+
+
+def accelerator() -> torch.device | None:
+    """This rank's GPU (``torch.cuda.current_device()``), or None on a CPU-only machine."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+
+
+@torch.no_grad()
+def load_model(model: nn.Module, device: torch.device) -> None:
+    """Move ``model``'s parameters, gradients and buffers to ``device``.
+
+    An ``FSDPModule`` supports this: its ``_apply`` reshards first and re-registers the moved local
+    shards afterwards, and DTensor parameters are swapped in place, so an optimizer built on them
+    keeps stepping the same objects.
+    """
+    model.to(device)
+
+
+@torch.no_grad()
+def offload_model(model: nn.Module) -> None:
+    """Move ``model``'s parameters, gradients and buffers to the host and give the accelerator
+    memory they held back to the driver (for the rollout engine).
+
+    The copy is blocking, into pageable memory. A non-blocking one (veRL's) would land in pinned
+    memory and make the next load asynchronous, but ``FSDPModule._apply`` re-pads an unevenly
+    sharded parameter with a host-side copy right after the transfer is queued, which could read
+    the pinned buffer before the transfer has written it.
+    """
+    model.to("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def resident(model: nn.Module, enabled: bool, device: torch.device | None = None) -> Iterator[None]:
+    """``model`` on ``device`` inside the block and on the host after it, even if the block raises.
+
+    This is veRL's ``fsdp_config.param_offload``: the module lives on the host between phases and
+    every phase (forward, backward, optimizer step) runs on the accelerator. A no-op when not
+    ``enabled`` or without an accelerator (the module is on the host already). Not re-entrant: the
+    inner block's exit would offload the module under the outer block.
+
+    Args:
+        model: a module whose home is the host (:func:`offload_model` after it was built).
+        enabled: the role's ``param_offload`` (and not its ``offload_policy``).
+        device: where the phase runs (None: :func:`accelerator`).
+    """
+    device = device or accelerator()
+    if not enabled or device is None:
+        yield
+        return
+    load_model(model, device)
+    try:
+        yield
+    finally:
+        offload_model(model)
 
 
 def iter_full_params(model: nn.Module, device: str | torch.device | None = "cpu",

@@ -1,7 +1,8 @@
 """Settings of loading, sharding and optimising a model (RL workers and SFT share them).
 
 ``ModelSource`` (what every role's model section has) and the policy's ``ModelConfig`` are read by :func:`verl.utils.fsdp_utils.load_causal_lm` / ``load_value_model``,
-``FSDPConfig`` by :func:`verl.utils.fsdp_utils.apply_fsdp2` and the workers' optimizer placement,
+``FSDPConfig`` by :func:`verl.utils.fsdp_utils.apply_fsdp2` and the workers' placement of parameters
+(:func:`verl.utils.fsdp_utils.resident`) and optimizer state,
 ``OptimConfig`` by :func:`verl.utils.torch_functional.build_optimizer` / ``build_lr_scheduler``.
 """
 
@@ -69,11 +70,17 @@ class FSDPConfig:
     """FSDP2 sharding of one model (``*.fsdp_config``)."""
 
     param_offload: bool = True
-    """keep parameters (and gradients, and the AdamW step) on the CPU between uses: FSDP2's CPU offload,
-    unlike veRL's key of this name (parameters moved between phases, the step on the GPU): on a GPU
-    with room for the training state, false is several times faster (docs/benchmarks.md)"""
+    """veRL's meaning: parameters (and gradients) move to the CPU between phases and back to the GPU
+    for each (log-probs, update, weight push, checkpoint), so the rollout engine has the GPU while it
+    generates; every phase, the AdamW step included, runs on the GPU (no effect with
+    `offload_policy`, whose parameters never leave the CPU)"""
+    offload_policy: bool = False
+    """FSDP2's CPUOffloadPolicy: parameters, gradients and the AdamW step stay on the CPU, layers are
+    copied to the GPU one at a time; for a model whose training state does not fit the GPU at all
+    (a 1.5B `update_actor` took 14.5x as long with it as without on an H200: docs/benchmarks.md)"""
     optimizer_offload: bool = True
-    """keep optimizer state on the CPU between updates (without `param_offload`)"""
+    """keep optimizer state on the CPU between updates (without `offload_policy`, where it never
+    leaves the CPU)"""
     mixed_precision: Optional[str] = "bf16"
     """compute dtype on a GPU: `bf16`, `fp16` or `fp32` (parameters stay fp32; CPU computes in fp32)"""
 

@@ -15,7 +15,11 @@ class RefFSDPConfig:
     """FSDP2 placement of the frozen reference model (its compute dtype is the actor's)."""
 
     param_offload: bool = True
-    """keep the reference parameters on the CPU between uses"""
+    """move the reference parameters to the CPU between uses, to the GPU for each forward (veRL's
+    meaning; no effect with `offload_policy`)"""
+    offload_policy: bool = False
+    """FSDP2's CPUOffloadPolicy: the parameters stay on the CPU, layers copied to the GPU one at a
+    time in the forward"""
 
 
 @dataclass(frozen=True)

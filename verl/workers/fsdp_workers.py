@@ -2,7 +2,10 @@
 
 ``ActorRolloutRefWorker`` hosts, in one process per rank, any of: the trainable actor (FSDP2 +
 AdamW), the rollout engine (vLLM or transformers, colocated so weights move in memory) and the
-frozen reference policy. ``CriticWorker`` hosts the value model. Each takes its typed config section
+frozen reference policy. ``CriticWorker`` hosts the value model. With ``fsdp_config.param_offload`` a
+model lives on the host between phases and each phase that touches it (log-probs, update, weight
+push, checkpoint, export) runs inside :func:`verl.utils.fsdp_utils.resident`, which brings it to the
+GPU for that phase. Each takes its typed config section
 and a :class:`WorkerRun` (what the trainer derived for the whole run); the per-rank batch sizes come
 from :mod:`verl.workers.batching`. Numerical work lives in :mod:`verl.workers.actor.dp_actor`,
 :mod:`verl.workers.critic.dp_critic` and :mod:`verl.workers.forward`; this module wires models,
@@ -114,16 +117,34 @@ class _FSDPModelWorker(Worker):
         return {**self.phase_memory.pop_metrics(), **self.host_memory.pop_metrics()}
 
     def _build_trainable(self, model: torch.nn.Module, fsdp_config, optim_config):
-        model = fsdp_utils.apply_fsdp2(model, mixed_precision=fsdp_config.mixed_precision,
-                                       param_offload=fsdp_config.param_offload)
+        model = self._shard(model, fsdp_config, fsdp_config.mixed_precision)
         optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optim_config)
         return model, optimizer, build_lr_scheduler(optimizer, optim_config, self.run.total_training_steps)
 
+    def _shard(self, model: torch.nn.Module, fsdp_config, mixed_precision: str | None) -> torch.nn.Module:
+        """FSDP2 on ``model``; with ``param_offload`` it then goes to the host, its home between phases
+        (the rollout engine, built after, gets the GPU memory)."""
+        model = fsdp_utils.apply_fsdp2(model, mixed_precision=mixed_precision,
+                                       offload_policy=fsdp_config.offload_policy)
+        if self._moves_parameters(fsdp_config):
+            fsdp_utils.offload_model(model)
+        return model
+
+    @staticmethod
+    def _moves_parameters(fsdp_config) -> bool:
+        # With offload_policy the parameters never leave the host: nothing to move between phases.
+        return fsdp_config.param_offload and not fsdp_config.offload_policy
+
     @staticmethod
     def _moves_optimizer(fsdp_config) -> bool:
-        # With param_offload, FSDP2 keeps parameters and gradients on the CPU and AdamW steps there:
+        # With offload_policy, FSDP2 keeps parameters and gradients on the CPU and AdamW steps there:
         # its state must stay on the CPU too (moving it to the GPU breaks the second step).
-        return fsdp_config.optimizer_offload and not fsdp_config.param_offload
+        return fsdp_config.optimizer_offload and not fsdp_config.offload_policy
+
+    def _resident(self, model: torch.nn.Module, fsdp_config):
+        """The context of every phase that touches ``model``: on the GPU inside it when its
+        ``param_offload`` moves it between phases (:func:`verl.utils.fsdp_utils.resident`)."""
+        return fsdp_utils.resident(model, self._moves_parameters(fsdp_config))
 
     def _optimizer_on_device(self, optimizer, fsdp_config) -> None:
         if self._moves_optimizer(fsdp_config):
@@ -211,8 +232,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             return
         model = fsdp_utils.load_causal_lm(self.config.model, torch_dtype=torch.float32, trainable=False)
         self._maybe_compile_layers(model, compile_layers=True)
-        self.ref_module = fsdp_utils.apply_fsdp2(model, mixed_precision=self.config.actor.fsdp_config.mixed_precision,
-                                                 param_offload=self.config.ref.fsdp_config.param_offload)
+        self.ref_module = self._shard(model, self.config.ref.fsdp_config, self.config.actor.fsdp_config.mixed_precision)
         self.ref_policy = DataParallelPPOActor(self.config.actor, self.ref_module, layout=self._layout(self.ref_module))
 
     def _init_rollout(self) -> None:
@@ -227,7 +247,8 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         self.rollout_engine = build_rollout_engine(self.config.rollout, self.config.model.path, self.tokenizer,
                                                    max_model_len=self.run.max_model_len)
         if self._is_actor and lora.is_lora_model(self.actor_module):
-            self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
+            with self._actor_resident():
+                self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
 
     def _maybe_compile_layers(self, model: torch.nn.Module, compile_layers: bool) -> None:
         """``actor.use_torch_compile`` on a GPU: compile each decoder layer (LoRA models stay eager).
@@ -285,8 +306,18 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         output.meta_info["updates_pushed"] = updates
         return output
 
+    def _actor_resident(self):
+        return self._resident(self.actor_module, self.config.actor.fsdp_config)
+
+    def _ref_resident(self):
+        # a LoRA actor's reference is the actor module itself, placed as the actor says
+        if self.ref_module is None:
+            return self._actor_resident()
+        return self._resident(self.ref_module, self.config.ref.fsdp_config)
+
     def _sync_rollout_weights(self) -> None:
-        """Push the actor's current full weights into the colocated engine (collective)."""
+        """Push the actor's current full weights into the colocated engine (collective; inside
+        :meth:`_actor_resident`)."""
         if self.rollout_engine is None:
             return
         if lora.is_lora_model(self.actor_module):
@@ -304,7 +335,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         rollout's sampling temperature."""
         if self.actor is None:
             raise RuntimeError(f"compute_log_prob on a worker with role {self.role!r} (no actor)")
-        with self._phase("old_log_prob"):
+        with self._phase("old_log_prob"), self._actor_resident():
             log_probs, entropy = self.actor.compute_log_prob(_on_device(data), self.old_log_prob_batching,
                                                              self.config.rollout.temperature, calculate_entropy=True)
         return DataProto.from_dict(tensors={"old_log_probs": log_probs.cpu(), "entropys": entropy.cpu()})
@@ -314,7 +345,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         """``ref_log_probs`` ``(B, R)`` of the frozen reference policy."""
         if self.ref_policy is None:
             raise RuntimeError(f"compute_ref_log_prob on a worker with role {self.role!r} (no reference)")
-        with lora.reference_policy(self.ref_policy.actor_module), self._phase("ref"):
+        with lora.reference_policy(self.ref_policy.actor_module), self._phase("ref"), self._ref_resident():
             log_probs, _ = self.ref_policy.compute_log_prob(_on_device(data), self.ref_log_prob_batching,
                                                             self.config.rollout.temperature)
         return DataProto.from_dict(tensors={"ref_log_probs": log_probs.cpu()})
@@ -336,23 +367,24 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         if releases:
             self.rollout_engine.release_memory()
         release_s = time.perf_counter() - started
-        with self._phase("update_actor"), self.host_memory.update():
-            self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
-            metrics = self.actor.update_policy(_on_device(data), self.config.rollout.temperature)
-            self._step_scheduler(metrics, "actor/lr")
-            self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+        with self._actor_resident():  # one load for the update and the weight push after it
+            with self._phase("update_actor"), self.host_memory.update():
+                self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
+                metrics = self.actor.update_policy(_on_device(data), self.config.rollout.temperature)
+                self._step_scheduler(metrics, "actor/lr")
+                self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+            if self.rollout_engine is not None:
+                started = time.perf_counter()
+                with self._engine_lock:  # a rollout running beside this update (rollout.staleness=1) ends first
+                    waited = time.perf_counter() - started
+                    with self._phase("weight_sync"):
+                        if releases:
+                            self.rollout_engine.resume_memory()
+                        self._sync_rollout_weights()
+                    self.updates_pushed += 1
+                metrics["timing_s/rollout_wait"] = waited
+                metrics["timing_s/weight_sync"] = time.perf_counter() - started - waited
         metrics["timing_s/release_memory"] = release_s
-        if self.rollout_engine is not None:
-            started = time.perf_counter()
-            with self._engine_lock:  # a rollout running beside this update (rollout.staleness=1) ends first
-                waited = time.perf_counter() - started
-                with self._phase("weight_sync"):
-                    if releases:
-                        self.rollout_engine.resume_memory()
-                    self._sync_rollout_weights()
-                self.updates_pushed += 1
-            metrics["timing_s/rollout_wait"] = waited
-            metrics["timing_s/weight_sync"] = time.perf_counter() - started - waited
         metrics.update(self._phase_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
 
@@ -360,24 +392,29 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int | None = None) -> None:
         """Model, optimizer, LR scheduler and RNG of every rank into ``local_path``."""
-        self.checkpoint_manager.save(local_path, global_step)
+        with self._actor_resident():
+            self.checkpoint_manager.save(local_path, global_step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
         """Restore :meth:`save_checkpoint`'s state and refresh the rollout engine's weights."""
-        self.checkpoint_manager.load(local_path)
-        self._sync_rollout_weights()
+        with self._actor_resident():
+            self.checkpoint_manager.load(local_path)
+            # the optimizer's load_state_dict puts its state beside the parameters: back where it lives
+            self._optimizer_off_device(self.actor_optimizer, self.config.actor.fsdp_config)
+            self._sync_rollout_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def export_hf(self, path: str) -> None:
         """A ``from_pretrained`` folder of the actor (rank 0 writes; LoRA adapters merged)."""
-        if lora.is_lora_model(self.actor_module):
+        with self._actor_resident():
+            if not lora.is_lora_model(self.actor_module):
+                self.checkpoint_manager.export_hf(path)
+                return
             state = fsdp_utils.get_full_state_dict(self.actor_module)
-            if self.rank == 0:
-                lora.export_merged(state, self.actor_module.config, path,
-                                   lora.lora_scaling(self.actor_module), tokenizer=self.tokenizer)
-            return
-        self.checkpoint_manager.export_hf(path)
+        if self.rank == 0:
+            lora.export_merged(state, self.actor_module.config, path,
+                               lora.lora_scaling(self.actor_module), tokenizer=self.tokenizer)
 
 
 class CriticWorker(_FSDPModelWorker):
@@ -417,7 +454,7 @@ class CriticWorker(_FSDPModelWorker):
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
         """``values`` ``(B, R)``: the critic's estimate before each response token."""
-        with self._phase("values"):
+        with self._phase("values"), self._resident(self.critic_module, self.config.model.fsdp_config):
             values = self.critic.compute_values(_on_device(data))
         return DataProto.from_dict(tensors={"values": values.cpu()})
 
@@ -425,7 +462,7 @@ class CriticWorker(_FSDPModelWorker):
     def update_critic(self, data: DataProto) -> DataProto:
         """Clipped value-loss epochs; ``meta_info["metrics"]`` as for the actor (``critic/*``)."""
         fsdp_cfg = self.config.model.fsdp_config
-        with self._phase("update_critic"):
+        with self._phase("update_critic"), self._resident(self.critic_module, fsdp_cfg):
             self._optimizer_on_device(self.critic_optimizer, fsdp_cfg)
             metrics = self.critic.update_critic(_on_device(data))
             self._step_scheduler(metrics, "critic/lr")
@@ -436,9 +473,14 @@ class CriticWorker(_FSDPModelWorker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def save_checkpoint(self, local_path: str, global_step: int | None = None) -> None:
         """Model, optimizer, LR scheduler and RNG of every rank into ``local_path``."""
-        self.checkpoint_manager.save(local_path, global_step)
+        with self._resident(self.critic_module, self.config.model.fsdp_config):
+            self.checkpoint_manager.save(local_path, global_step)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, local_path: str) -> None:
         """Restore :meth:`save_checkpoint`'s state."""
-        self.checkpoint_manager.load(local_path)
+        fsdp_cfg = self.config.model.fsdp_config
+        with self._resident(self.critic_module, fsdp_cfg):
+            self.checkpoint_manager.load(local_path)
+            # the optimizer's load_state_dict puts its state beside the parameters: back where it lives
+            self._optimizer_off_device(self.critic_optimizer, fsdp_cfg)

@@ -42,7 +42,7 @@ COMPAT_KEYS: dict[str, CompatKey] = {
     "actor_rollout_ref.actor.optim.total_training_steps": CompatKey(
         -1, "the schedule length is the run's: `trainer.total_training_steps` or epochs x batches"),
     "actor_rollout_ref.actor.fsdp_config.grad_offload": CompatKey(
-        True, "gradients live with the parameters: `param_offload` moves both"),
+        True, "gradients live with the parameters: `param_offload` and `offload_policy` place both"),
     "actor_rollout_ref.actor.fsdp_config.fsdp_size": CompatKey(-1, _SHARDING),
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params": CompatKey(0, _SHARDING),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": CompatKey(1, _ULYSSES),
@@ -61,7 +61,7 @@ COMPAT_KEYS: dict[str, CompatKey] = {
     "critic.optim.total_training_steps": CompatKey(
         -1, "the schedule length is the run's: `trainer.total_training_steps` or epochs x batches"),
     "critic.model.fsdp_config.grad_offload": CompatKey(
-        True, "gradients live with the parameters: `param_offload` moves both"),
+        True, "gradients live with the parameters: `param_offload` and `offload_policy` place both"),
     "critic.model.fsdp_config.fsdp_size": CompatKey(-1, _SHARDING),
     "critic.model.fsdp_config.wrap_policy.min_num_params": CompatKey(0, _SHARDING),
     "data.return_raw_input_ids": CompatKey(False, "no learned reward model with another tokenizer"),

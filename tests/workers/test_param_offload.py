@@ -1,0 +1,178 @@
+"""``fsdp_config.param_offload`` (veRL's: the module on the host between phases, each phase on the
+GPU) and ``offload_policy`` (FSDP2's CPUOffloadPolicy) on real FSDP2 workers (world of one, gloo).
+
+Without an accelerator :func:`verl.utils.fsdp_utils.resident` is a no-op; there the parity tests
+name the host as the accelerator, so every phase still goes through the real move path
+(``FSDPModule._apply`` and its re-registration of the shards), and a tracker checks that each
+forward, ``state_dict`` and ``load_state_dict`` of an offloaded module runs while it is resident.
+On a CPU-only machine the copy between two real devices stays unchecked; on a GPU the same tests
+make it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy
+
+from verl.utils import fsdp_utils
+from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
+
+
+class ResidencyTracker:
+    """Sends :func:`fsdp_utils.resident` through its move path (to the GPU, or to the host as the
+    device on a CPU-only machine) and records which modules it holds resident; a use of a watched
+    module outside that is a miss."""
+
+    def __init__(self, monkeypatch):
+        self.resident: set[int] = set()
+        self.loads = 0
+        self.offloaded: set[int] = set()  # modules offload_model was called on
+        self.misses: list[str] = []
+        load, offload = fsdp_utils.load_model, fsdp_utils.offload_model
+
+        def tracked_load(model, device):
+            assert id(model) not in self.resident, "resident() entered twice for one module"
+            self.resident.add(id(model))
+            self.loads += 1
+            load(model, device)
+
+        def tracked_offload(model):
+            self.resident.discard(id(model))
+            self.offloaded.add(id(model))
+            offload(model)
+
+        device = fsdp_utils.accelerator() or torch.device("cpu")
+        monkeypatch.setattr(fsdp_utils, "accelerator", lambda: device)
+        monkeypatch.setattr(fsdp_utils, "load_model", tracked_load)
+        monkeypatch.setattr(fsdp_utils, "offload_model", tracked_offload)
+
+    def watch(self, module: torch.nn.Module, name: str) -> None:
+        assert id(module) in self.offloaded, f"{name} was not sent to the host after it was built"
+        assert {p.device.type for p in module.parameters()} == {"cpu"}, name
+
+        def check(use: str):
+            def hook(*_args, **_kwargs):
+                if id(module) not in self.resident:
+                    self.misses.append(f"{name}.{use}")
+            return hook
+
+        module.register_forward_pre_hook(check("forward"))
+        module.register_state_dict_pre_hook(check("state_dict"))
+        module.register_load_state_dict_pre_hook(check("load_state_dict"))
+
+    def assert_clean(self) -> None:
+        assert self.loads > 0, "no phase went through resident()"
+        assert not self.misses, f"used outside its residency: {sorted(set(self.misses))}"
+        assert not self.resident, "a module was left on the device after its phase"
+
+
+def _fsdp_config(variant: str, **extra) -> dict:
+    return {"param_offload": variant == "param_offload", "offload_policy": variant == "offload_policy", **extra}
+
+
+def _actor_run(config: dict, batch_factory, tmp_path, tracker: ResidencyTracker | None) -> dict:
+    torch.manual_seed(0)
+    worker = ActorRolloutRefWorker(config, role="actor_rollout_ref")
+    worker.init_model()
+    if tracker is not None:
+        tracker.watch(worker.actor_module, "actor")
+        if worker.ref_module is not None:
+            tracker.watch(worker.ref_module, "ref")
+    data = batch_factory(num_rows=6, seed=3)
+    out = {"old_log_probs": worker.compute_log_prob(data).batch["old_log_probs"],
+           "ref_log_probs": worker.compute_ref_log_prob(data).batch["ref_log_probs"]}
+    data.batch["old_log_probs"], data.batch["ref_log_probs"] = out["old_log_probs"], out["ref_log_probs"]
+    out["metrics_1"] = worker.update_actor(data).meta_info["metrics"]
+    worker.save_checkpoint(str(tmp_path / "ckpt"), global_step=1)
+    out["metrics_2"] = worker.update_actor(data).meta_info["metrics"]  # with optimizer state
+    with worker._actor_resident():
+        out["params_2"] = {k: v.clone() for k, v in fsdp_utils.iter_full_params(worker.actor_module)}
+    out["engine_2"] = {k: v.clone() for k, v in worker.rollout_engine.model.state_dict().items()}
+    worker.load_checkpoint(str(tmp_path / "ckpt"))
+    out["after_load"] = worker.compute_log_prob(data).batch["old_log_probs"]
+    worker.export_hf(str(tmp_path / "hf"))
+    if tracker is not None:
+        tracker.assert_clean()
+    out["modules"] = (worker.actor_module, worker.ref_module)
+    return out
+
+
+def _assert_same_training(got: dict, expected: dict) -> None:
+    for key in ("old_log_probs", "ref_log_probs", "after_load"):
+        assert torch.equal(got[key], expected[key]), key
+    for step in ("metrics_1", "metrics_2"):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
+            assert got[step][key] == expected[step][key], (step, key)
+    for store in ("params_2", "engine_2"):
+        assert got[store].keys() == expected[store].keys()
+        for name, tensor in got[store].items():
+            assert torch.equal(tensor, expected[store][name]), (store, name)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
+def test_actor_trains_the_same_with_param_offload(lora_rank, tiny_qwen_path, configs, batch_factory, tmp_path,
+                                                 monkeypatch):
+    """Log-probs, reference, two updates, the engine's weights, checkpoint and export: bit-identical
+    with the module moved in and out around every phase; with LoRA the reference is the actor."""
+    def config(variant: str) -> dict:
+        cfg = configs[0](tiny_qwen_path, fsdp_config=_fsdp_config(variant, optimizer_offload=True,
+                                                                  mixed_precision="bf16"))
+        cfg["ref"]["fsdp_config"] = _fsdp_config(variant)
+        if lora_rank:
+            cfg["model"].update(lora_rank=lora_rank, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+        return cfg
+
+    expected = _actor_run(config("resident"), batch_factory, tmp_path / "resident", None)
+    tracker = ResidencyTracker(monkeypatch)
+    got = _actor_run(config("param_offload"), batch_factory, tmp_path / "offload", tracker)
+    _assert_same_training(got, expected)
+
+
+def test_offload_policy_shards_with_fsdp2_cpu_offload_and_trains_the_same(tiny_qwen_path, configs, batch_factory,
+                                                                         tmp_path):
+    def config(variant: str) -> dict:
+        cfg = configs[0](tiny_qwen_path, fsdp_config=_fsdp_config(variant, optimizer_offload=True,
+                                                                  mixed_precision="bf16"))
+        cfg["ref"]["fsdp_config"] = _fsdp_config(variant)
+        return cfg
+
+    expected = _actor_run(config("resident"), batch_factory, tmp_path / "resident", None)
+    got = _actor_run(config("offload_policy"), batch_factory, tmp_path / "policy", None)
+    for modules, policy in ((got["modules"], CPUOffloadPolicy), (expected["modules"], OffloadPolicy)):
+        for module in modules:  # the actor, the reference
+            sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]  # the root and each layer
+            assert len(sharded) > 1
+            assert {type(m._get_fsdp_state()._fsdp_param_group.offload_policy) for m in sharded} == {policy}
+    _assert_same_training(got, expected)
+
+
+def test_critic_trains_the_same_with_param_offload(tiny_qwen_path, configs, batch_factory, tmp_path, monkeypatch):
+    def run(variant: str, tracker: ResidencyTracker | None) -> dict:
+        torch.manual_seed(0)  # the value head starts random
+        cfg = configs[1](tiny_qwen_path)
+        cfg["model"]["fsdp_config"] = _fsdp_config(variant, optimizer_offload=True)
+        worker = CriticWorker(cfg)
+        worker.init_model()
+        if tracker is not None:
+            tracker.watch(worker.critic_module, "critic")
+        data = batch_factory(num_rows=6, seed=5)
+        data.batch["values"] = worker.compute_values(data).batch["values"]
+        data.batch["returns"] = torch.linspace(-1, 1, 48).view(6, 8) * data.batch["response_mask"]
+        out = {"values": data.batch["values"], "losses": []}
+        worker.save_checkpoint(str(tmp_path / variant), global_step=0)
+        for _ in range(2):
+            out["losses"].append(worker.update_critic(data).meta_info["metrics"]["critic/vf_loss"])
+        out["trained"] = worker.compute_values(data).batch["values"]
+        worker.load_checkpoint(str(tmp_path / variant))
+        out["reloaded"] = worker.compute_values(data).batch["values"]
+        if tracker is not None:
+            tracker.assert_clean()
+        return out
+
+    expected = run("resident", None)
+    got = run("param_offload", ResidencyTracker(monkeypatch))
+    assert got["losses"] == expected["losses"]
+    for key in ("values", "trained", "reloaded"):
+        assert torch.equal(got[key], expected[key]), key
+    assert torch.equal(got["reloaded"], got["values"])
