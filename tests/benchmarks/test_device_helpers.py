@@ -98,3 +98,19 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
     assert f"from {work / 'repo'}" in log  # in the snapshot, not the tree the next call re-copies
     assert {p.name for p in out.glob("paper_scale*.json")} == {
         "paper_scale.json", "paper_scale_train_qwen2.5-3b.json", "paper_scale_train_qwen2.5-1.5b.json"}
+
+
+def test_the_gpu_tests_driver_reports_pytests_outcome_and_its_junit_file(tmp_path):
+    """benchmarks/device/gpu_tests.sh runs the selected tests with the device's environment and keeps pytest's
+    exit status (the tail it prints would otherwise hide a failure) and its JUnit report in $OUT."""
+    (tmp_path / "test_probe.py").write_text("def test_passes():\n    assert True\n\n"
+                                            "def test_fails():\n    assert 1 == 2\n")
+    out = tmp_path / "out"
+    env = {**os.environ, "WORK_DIR": str(tmp_path / "work"), "OUT": str(out), "PYTHON": sys.executable}
+    for selection, status in (("::test_passes", 0), ("", 1)):
+        done = subprocess.run(["bash", "benchmarks/device/gpu_tests.sh"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env={**env, "TESTS": f"{tmp_path / 'test_probe.py'}{selection}"})
+        assert done.returncode == status, done.stdout + done.stderr
+        report = (out / "gpu_tests.xml").read_text()
+        assert 'name="test_passes"' in report
+        assert ('name="test_fails"' in report) == (status == 1)
