@@ -210,7 +210,7 @@ def kv_cache_bytes(engine) -> list[int]:
 
 def test_release_and_resume_memory_keep_the_engine_usable(any_vllm_engine, prompts):
     """On CPU the KV cache's storage is freed (size 0) and re-allocated where the model lives (this
-    process or the engine core's); on GPU sleep(level=1)."""
+    process or the engine core's), not by a weights-only resume; on GPU sleep(level=1) and wake-ups by tag."""
     import torch
 
     vllm_engine = any_vllm_engine
@@ -223,9 +223,13 @@ def test_release_and_resume_memory_keep_the_engine_usable(any_vllm_engine, promp
     if in_process and not torch.cuda.is_available():
         released = kv_cache_bytes(vllm_engine)
         assert sizes and sum(sizes) > 2**29 and released == [0] * len(sizes)
+    vllm_engine.resume_memory(weights_only=True)  # the weights for a push; the KV cache stays out
+    if in_process and not torch.cuda.is_available():
+        assert kv_cache_bytes(vllm_engine) == [0] * len(sizes)
     vllm_engine.resume_memory()
     if in_process:
         assert kv_cache_bytes(vllm_engine) == sizes
+    vllm_engine.resume_memory()  # idempotent
     after = vllm_engine.generate(prompts, params)
     assert [o.token_ids for o in after] == [o.token_ids for o in before]
 

@@ -176,3 +176,35 @@ def test_critic_trains_the_same_with_param_offload(tiny_qwen_path, configs, batc
     for key in ("values", "trained", "reloaded"):
         assert torch.equal(got[key], expected[key]), key
     assert torch.equal(got["reloaded"], got["values"])
+
+
+def test_the_engine_gets_its_weights_for_the_push_and_its_kv_cache_once_the_actor_left(
+        tiny_qwen_path, configs, batch_factory, monkeypatch):
+    """veRL's order around the weight push with ``param_offload``: the engine's memory is released before
+    the actor comes in, its weights come back for the push while the actor is resident, and its KV cache
+    only after the actor has gone back to the host (the two never share the GPU)."""
+    tracker = ResidencyTracker(monkeypatch)
+    cfg = configs[0](tiny_qwen_path, fsdp_config=_fsdp_config("param_offload", optimizer_offload=True))
+    worker = ActorRolloutRefWorker(cfg, role="actor_rollout")
+    worker.init_model()
+    tracker.watch(worker.actor_module, "actor")
+    engine, actor, events = worker.rollout_engine, id(worker.actor_module), []
+
+    def spy(name, method):
+        def call(*args, **kwargs):
+            events.append((name, kwargs.get("weights_only", False), actor in tracker.resident))
+            return method(*args, **kwargs)
+        return call
+
+    monkeypatch.setattr(engine, "release_memory", spy("release", engine.release_memory))
+    monkeypatch.setattr(engine, "resume_memory", spy("resume", engine.resume_memory))
+    monkeypatch.setattr(worker, "_sync_rollout_weights", spy("push", worker._sync_rollout_weights))
+    data = batch_factory(num_rows=6, seed=3)
+    data.batch["old_log_probs"] = worker.compute_log_prob(data).batch["old_log_probs"]
+    data.batch["ref_log_probs"] = data.batch["old_log_probs"]
+    metrics = worker.update_actor(data).meta_info["metrics"]
+    tracker.assert_clean()
+    # (call, weights only, actor resident)
+    assert events == [("release", False, False), ("resume", True, True), ("push", False, True),
+                      ("resume", False, False)]
+    assert metrics["timing_s/weight_sync"] >= 0 and metrics["timing_s/rollout_wait"] >= 0

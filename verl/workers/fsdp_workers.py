@@ -361,32 +361,47 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         """
         if self.actor is None:
             raise RuntimeError(f"update_actor on a worker with role {self.role!r} (no actor)")
-        fsdp_cfg = self.config.actor.fsdp_config
         releases = self.rollout_engine is not None and self.config.rollout.free_cache_engine
         started = time.perf_counter()
         if releases:
             self.rollout_engine.release_memory()
         release_s = time.perf_counter() - started
-        with self._actor_resident():  # one load for the update and the weight push after it
-            with self._phase("update_actor"), self.host_memory.update():
-                self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
-                metrics = self.actor.update_policy(_on_device(data), self.config.rollout.temperature)
-                self._step_scheduler(metrics, "actor/lr")
-                self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+        with contextlib.ExitStack() as engine_turn:
+            with self._actor_resident():  # one load for the update and the weight push after it
+                metrics = self._update_policy(data)
+                if self.rollout_engine is not None:
+                    started = time.perf_counter()
+                    # a rollout running beside this update (rollout.staleness=1) ends first
+                    engine_turn.enter_context(self._engine_lock)
+                    metrics["timing_s/rollout_wait"] = time.perf_counter() - started
+                    self._push_weights(releases)
+            # the KV cache comes back once an offloaded actor has left the GPU to it
+            if releases:
+                self.rollout_engine.resume_memory()
             if self.rollout_engine is not None:
-                started = time.perf_counter()
-                with self._engine_lock:  # a rollout running beside this update (rollout.staleness=1) ends first
-                    waited = time.perf_counter() - started
-                    with self._phase("weight_sync"):
-                        if releases:
-                            self.rollout_engine.resume_memory()
-                        self._sync_rollout_weights()
-                    self.updates_pushed += 1
-                metrics["timing_s/rollout_wait"] = waited
-                metrics["timing_s/weight_sync"] = time.perf_counter() - started - waited
+                metrics["timing_s/weight_sync"] = time.perf_counter() - started - metrics["timing_s/rollout_wait"]
         metrics["timing_s/release_memory"] = release_s
         metrics.update(self._phase_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
+
+    def _update_policy(self, data: DataProto) -> dict[str, float]:
+        """The PPO epochs on a resident actor, its optimizer state on the GPU for them."""
+        fsdp_cfg = self.config.actor.fsdp_config
+        with self._phase("update_actor"), self.host_memory.update():
+            self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
+            metrics = self.actor.update_policy(_on_device(data), self.config.rollout.temperature)
+            self._step_scheduler(metrics, "actor/lr")
+            self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+        return metrics
+
+    def _push_weights(self, released: bool) -> None:
+        """The updated weights into the engine (the caller holds the engine and a resident actor); a
+        released engine gets its weights' memory back first, its KV cache after (the caller's turn)."""
+        with self._phase("weight_sync"):
+            if released:
+                self.rollout_engine.resume_memory(weights_only=True)
+            self._sync_rollout_weights()
+        self.updates_pushed += 1
 
     # ------------------------------------------------------------------ checkpoints
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -98,8 +98,14 @@ class RolloutEngine(abc.ABC):
     def release_memory(self) -> None:
         """Free the KV cache (and weights where supported) before training; default no-op."""
 
-    def resume_memory(self) -> None:
-        """Re-create what ``release_memory`` freed; default no-op."""
+    def resume_memory(self, weights_only: bool = False) -> None:
+        """Re-create what ``release_memory`` freed; default no-op.
+
+        Args:
+            weights_only: bring back the weights only (a weight push needs them, not the KV cache),
+                so that the caller can free its training memory before the KV cache returns with a
+                second call, without it (veRL's order around the push).
+        """
 
 
 def first_stop(text: str, stops: Iterable[str]) -> tuple[int, str] | None:

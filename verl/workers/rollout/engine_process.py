@@ -133,12 +133,12 @@ class EngineProcess(RolloutEngine):
         """The engine's ``release_memory`` (sleep on GPU)."""
         self._call("release_memory")
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, weights_only: bool = False) -> None:
         """The engine's ``resume_memory``, after this process hands its cached free blocks back to
         the GPU (the engine's allocator cannot see them)."""
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        self._call("resume_memory")
+        self._call("resume_memory", weights_only)
 
     def shutdown(self, timeout_s: float = 60.0) -> None:
         """Stop the engine and its process (killed if it does not end within ``timeout_s``)."""

