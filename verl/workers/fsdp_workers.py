@@ -214,8 +214,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         model = lora.maybe_wrap_lora(model, self.config.model)
         if lora.is_lora_model(model) and self.config.model.enable_gradient_checkpointing:
             model.enable_input_require_grads()  # checkpointed blocks need a grad-carrying input
-        # the transformers rollout generates with this very module: keep its layers eager
-        self._maybe_compile_layers(model, compile_layers=not (self._is_rollout and self.config.rollout.name == "hf"))
+        self._maybe_compile_layers(model)
         self.actor_module, self.actor_optimizer, self.lr_scheduler = self._build_trainable(
             model, actor_cfg.fsdp_config, actor_cfg.optim)
         self.actor = DataParallelPPOActor(actor_cfg, self.actor_module, self.actor_optimizer,
@@ -231,7 +230,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             self.ref_policy = DataParallelPPOActor(self.config.actor, self.actor_module, layout=self.actor.layout)
             return
         model = fsdp_utils.load_causal_lm(self.config.model, torch_dtype=torch.float32, trainable=False)
-        self._maybe_compile_layers(model, compile_layers=True)
+        self._maybe_compile_layers(model)
         self.ref_module = self._shard(model, self.config.ref.fsdp_config, self.config.actor.fsdp_config.mixed_precision)
         self.ref_policy = DataParallelPPOActor(self.config.actor, self.ref_module, layout=self._layout(self.ref_module))
 
@@ -250,14 +249,13 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             with self._actor_resident():
                 self._sync_rollout_weights()  # the engine loaded the base; serve merged weights
 
-    def _maybe_compile_layers(self, model: torch.nn.Module, compile_layers: bool) -> None:
+    def _maybe_compile_layers(self, model: torch.nn.Module) -> None:
         """``actor.use_torch_compile`` on a GPU: compile each decoder layer (LoRA models stay eager).
 
         CPU runs stay eager (inductor's CPU backend needs a C++ toolchain, and compilation costs
         more than it saves on the small CPU batches).
         """
-        if (compile_layers and torch.cuda.is_available() and self.config.actor.use_torch_compile
-                and not lora.is_lora_model(model)):
+        if torch.cuda.is_available() and self.config.actor.use_torch_compile and not lora.is_lora_model(model):
             fsdp_utils.compile_decoder_layers(model)
 
     # ------------------------------------------------------------------ rollout
