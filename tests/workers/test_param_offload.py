@@ -207,4 +207,4 @@ def test_the_engine_gets_its_weights_for_the_push_and_its_kv_cache_once_the_acto
     # (call, weights only, actor resident)
     assert events == [("release", False, False), ("resume", True, True), ("push", False, True),
                       ("resume", False, False)]
-    assert metrics["timing_s/weight_sync"] >= 0 and metrics["timing_s/rollout_wait"] >= 0
+    assert {"timing_s/weight_sync", "timing_s/rollout_wait", "timing_s/release_memory"} <= metrics.keys()
