@@ -32,9 +32,11 @@ Steps (``step`` section): ``--step_steps`` GRPO steps of the real trainer (``scr
 on the example data, the ``--step_model``) in each mode behind the latency proxy; the step time is
 the mean ``timing_s/step`` after the first step (``step_s_range``: their min and max; ``per_step``: each
 step's split); a third run (``sync_staleness1``) rolls out each step's batch beside the previous
-step's update (``rollout.staleness=1``). Top-level ratios (sync time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the 1.5B shape (else the
+step's update (``rollout.staleness=1``); ``split_staleness1`` (``--step_variants``, two GPUs) does the same
+with the engine on a GPU of its own (split pools: ``actor_rollout_ref.hybrid_engine=false``). Top-level ratios (sync time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the 1.5B shape (else the
 warm start, else the first model; ``ratio_rollout_model`` names it), ``ratio_step_latency``; and
-``ratio_step_staleness`` (sync step time at staleness 0 / at 1). ``--engine_process`` puts vLLM's
+``ratio_step_staleness`` (sync step time at staleness 0 / at 1), and with split pools
+``ratio_step_staleness_split`` (staleness 0 colocated / staleness 1 split). ``--engine_process`` puts vLLM's
 engine core in a process of its own for every rollout and step (``rollout.engine_process``), so the
 async tasks and the HTTP client no longer share an interpreter with the scheduler and the model.
 Each rollout entry and the step section record ``made_by`` (commit, date, engine settings): a report
@@ -96,6 +98,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--step_batch_size", type=int, default=128)
     p.add_argument("--step_n", type=int, default=5)
     p.add_argument("--step_steps", type=int, default=3)
+    p.add_argument("--step_variants", default="sync,async,sync_staleness1",
+                   help=f"comma list of {', '.join(STEP_VARIANTS)} (split_staleness1 needs two GPUs)")
     p.add_argument("--step_recipe", default="",
                    help="recipes stacked on the step runs (e.g. learning_gpu); the flags still set the batch and lengths")
     p.add_argument("--out_dir", default=None, help="default benchmarks/results (on the device: $OUT)")
@@ -323,8 +327,12 @@ def _shutdown(engine) -> None:
 
 
 # ---- whole steps --------------------------------------------------------------------------------
-STEP_VARIANTS = {"sync": ("sync", 0), "async": ("async", 0), "sync_staleness1": ("sync", 1)}
-"""whole-step runs: name -> (rollout.mode, rollout.staleness)"""
+STEP_VARIANTS = {"sync": ("sync", 0, False), "async": ("async", 0, False), "sync_staleness1": ("sync", 1, False),
+                 "split_staleness1": ("sync", 1, True)}
+"""whole-step runs: name -> (rollout.mode, rollout.staleness, split pools: the engine on a rank of its own)"""
+
+SPLIT_POOLS = ["trainer.backend=ray", "actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1"]
+"""the overrides that give the engine a GPU of its own (one training GPU, one rollout GPU)"""
 
 
 STEP_KEYS = ("step", "timing_s/step", "timing_s/gen", "timing_s/tool", "timing_s/ref", "timing_s/old_log_prob",
@@ -340,7 +348,7 @@ def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> l
     engine); the flags' batch, turns and lengths win over the recipes'."""
     from learning_check import grpo_overrides
 
-    mode, staleness = STEP_VARIANTS[variant]
+    mode, staleness, split = STEP_VARIANTS[variant]
     base = grpo_overrides(model, args.step_steps, -1, log_dir, 1e-6, args.step_batch_size, "vllm",
                           n=args.step_n, gpu=args.device == "cuda")
     base += recipe_overrides(*args.step_recipe.split(",")) if args.step_recipe else []
@@ -348,7 +356,8 @@ def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> l
     lagged = (recipe_overrides("one_step_off_policy") if args.device == "cuda" else
               ["actor_rollout_ref.rollout.free_cache_engine=false", "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"])
     mine = [f"actor_rollout_ref.rollout.mode={mode}", f"actor_rollout_ref.rollout.staleness={staleness}",
-            *(lagged if staleness else []), f"retriever.url={url}", f"max_turns={args.max_turns}",
+            *(lagged if staleness else []), *(SPLIT_POOLS if split else []), f"retriever.url={url}",
+            f"max_turns={args.max_turns}",
             f"data.max_response_length={args.max_tokens}", f"data.max_obs_length={args.max_obs_length}",
             f"data.max_prompt_length={args.max_prompt_length}", "trainer.val_before_train=false",
             "trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.resume_mode=disable",
@@ -375,7 +384,7 @@ def step_section(args, proxy, work_dir: Path) -> dict:
     model = model_path(args.step_model, work_dir)
     out = {"model": args.step_model, "prompts": args.step_batch_size, "n": args.step_n, "steps": args.step_steps,
            "made_by": made_by(args)}
-    for variant in STEP_VARIANTS:
+    for variant in step_variants(args):
         log_dir = work_dir / f"step_{variant}"
         cmd = [sys.executable, str(REPO / "scripts" / "quickstart.py"), "--data-dir", "data/async_rollout_bench",
                "--train-sources", "hotpotqa", "--test-sources", "hotpotqa", "--retriever-url", proxy.retrieve_url,
@@ -388,9 +397,29 @@ def step_section(args, proxy, work_dir: Path) -> dict:
                         "step_s_range": [round(f(r["timing_s/step"] for r in later), 2) for f in (min, max)],
                         "gen_s": round(sum(r["timing_s/gen"] for r in later) / len(later), 2),
                         "per_step": [{k: r[k] for k in STEP_KEYS if k in r} for r in rows]}
-    out["ratio_sync_over_async"] = round(out["sync"]["step_s"] / out["async"]["step_s"], 3)
-    out["ratio_staleness0_over_1"] = round(out["sync"]["step_s"] / out["sync_staleness1"]["step_s"], 3)
+    for key, (slow, fast) in STEP_RATIOS.items():
+        if slow in out and fast in out:
+            out[key] = round(out[slow]["step_s"] / out[fast]["step_s"], 3)
     return out
+
+
+STEP_RATIOS = {"ratio_sync_over_async": ("sync", "async"), "ratio_staleness0_over_1": ("sync", "sync_staleness1"),
+               "ratio_staleness0_over_split": ("sync", "split_staleness1"),
+               "ratio_colocated_over_split": ("sync_staleness1", "split_staleness1")}
+"""the step section's ratios: name -> (the variant whose step time is divided, the one dividing it)"""
+
+
+def step_variants(args) -> list[str]:
+    """The ``--step_variants`` to run, in order.
+
+    Raises:
+        SystemExit: an unknown name (argparse's error, naming it).
+    """
+    names = [name for name in args.step_variants.split(",") if name]
+    unknown = [name for name in names if name not in STEP_VARIANTS]
+    if unknown or not names:
+        raise SystemExit(f"--step_variants {args.step_variants!r}: unknown {unknown}; choose from {list(STEP_VARIANTS)}")
+    return names
 
 
 def main(argv=None) -> dict:
@@ -437,10 +466,10 @@ def summarize(report: dict) -> dict:
         head["ratio_rollout_local"] = entries[0]["runs"]["local"]["ratio_sync_over_async"]
         head["ratio_rollout_latency"] = entries[0]["runs"]["latency"]["ratio_sync_over_async"]
         head["ratio_rollout_model"] = entries[0]["model"]
-    if "step" in report:
-        head["ratio_step_latency"] = report["step"]["ratio_sync_over_async"]
-        if "ratio_staleness0_over_1" in report["step"]:
-            head["ratio_step_staleness"] = report["step"]["ratio_staleness0_over_1"]
+    for top, key in (("ratio_step_latency", "ratio_sync_over_async"), ("ratio_step_staleness", "ratio_staleness0_over_1"),
+                     ("ratio_step_staleness_split", "ratio_staleness0_over_split")):
+        if key in report.get("step", {}):
+            head[top] = report["step"][key]
     return {**head, **{k: v for k, v in report.items() if k not in head}}
 
 

@@ -59,14 +59,20 @@ def test_step_variants_pass_the_trainers_checks(device, tmp_path):
     from verl.trainer.main_ppo import parse_config
 
     args = async_rollout.parse_args(["--device", device, "--step_batch_size", "4", "--step_n", "2"])
-    for variant, (mode, staleness) in async_rollout.STEP_VARIANTS.items():
+    for variant, (mode, staleness, split) in async_rollout.STEP_VARIANTS.items():
         cfg = parse_config(async_rollout.step_overrides("/models/x", variant, args, tmp_path, "http://127.0.0.1:1"))
         rollout = cfg.actor_rollout_ref.rollout
         assert (rollout.mode, rollout.staleness) == (mode, staleness)
+        assert cfg.actor_rollout_ref.hybrid_engine != split and cfg.rollout.n_gpus_per_node == int(split)
         if staleness:
             assert not rollout.free_cache_engine and cfg.actor_rollout_ref.actor.tis_imp_ratio_cap > 0
-    report = {"rollout": [], "step": {"ratio_sync_over_async": 0.9, "ratio_staleness0_over_1": 1.4}}
-    assert list(async_rollout.summarize(report))[:2] == ["ratio_step_latency", "ratio_step_staleness"]
+    assert async_rollout.step_variants(args) == ["sync", "async", "sync_staleness1"]  # one GPU's by default
+    with pytest.raises(SystemExit, match="unknown \\['split'\\]"):
+        async_rollout.step_variants(async_rollout.parse_args(["--step_variants", "sync,split"]))
+    report = {"rollout": [], "step": {"ratio_sync_over_async": 0.9, "ratio_staleness0_over_1": 1.4,
+                                      "ratio_staleness0_over_split": 1.9}}
+    assert list(async_rollout.summarize(report))[:3] == ["ratio_step_latency", "ratio_step_staleness",
+                                                         "ratio_step_staleness_split"]
     apart = async_rollout.parse_args(["--device", device, "--engine_process", "--max_num_seqs", "2560"])
     for variant in async_rollout.STEP_VARIANTS:
         cfg = parse_config(async_rollout.step_overrides("/models/x", variant, apart, tmp_path, "http://127.0.0.1:1"))
@@ -74,7 +80,7 @@ def test_step_variants_pass_the_trainers_checks(device, tmp_path):
     # the learning recipe's step (issue 30: async as its default where it wins), its batch from the flags
     learning = async_rollout.parse_args(["--device", device, "--step_recipe", "learning_gpu", "--step_batch_size", "64",
                                          "--step_n", "8", "--max_turns", "2", "--max_tokens", "320"])
-    for variant, (mode, staleness) in async_rollout.STEP_VARIANTS.items():
+    for variant, (mode, staleness, _) in async_rollout.STEP_VARIANTS.items():
         cfg = parse_config(async_rollout.step_overrides("/models/x", variant, learning, tmp_path, "http://127.0.0.1:1"))
         actor = cfg.actor_rollout_ref.actor
         assert (cfg.actor_rollout_ref.rollout.mode, cfg.actor_rollout_ref.rollout.staleness) == (mode, staleness)

@@ -242,6 +242,31 @@ def test_staleness_needs_its_companions(overrides, message):
 
 
 @pytest.mark.parametrize("overrides, message", [
+    (["rollout.n_gpus_per_node=2"], r"rollout.n_gpus_per_node=2 gives the engines GPUs of their own: set "
+                                    r"actor_rollout_ref.hybrid_engine=false too"),
+    (["actor_rollout_ref.hybrid_engine=false"], r"hybrid_engine=false needs the engines' own GPUs: rollout.nnodes=1 "
+                                                r"x rollout.n_gpus_per_node=0 \(each >= 1\)"),
+    (["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1", "trainer.backend=local"],
+     r"runs the engines in Ray workers of their own: set trainer.backend=ray \(got 'local'\)"),
+    (["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=3",
+      "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
+     r"tensor_model_parallel_size=2 must divide rollout.n_gpus_per_node=3"),
+])
+def test_split_pools_need_their_own_ranks(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_config(overrides)
+
+
+def test_split_pools_let_staleness_keep_the_kv_cache_setting():
+    """Apart from the actor the engine is never released, so staleness 1 does not ask for
+    free_cache_engine=false there."""
+    cfg = parse_config(["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1",
+                        "actor_rollout_ref.rollout.staleness=1", "actor_rollout_ref.rollout.name=vllm",
+                        "actor_rollout_ref.rollout.free_cache_engine=true", "actor_rollout_ref.actor.tis_imp_ratio_cap=2"])
+    assert not cfg.actor_rollout_ref.hybrid_engine and cfg.rollout.n_gpus_per_node == 1
+
+
+@pytest.mark.parametrize("overrides, message", [
     (["actor_rollout_ref.rollout.name=hf"], r"frontend_process=true is for the vllm engine; got .*name='hf'"),
     (["actor_rollout_ref.rollout.name=vllm", "actor_rollout_ref.rollout.mode=async"],
      r"frontend_process=true serves the sync loop; set actor_rollout_ref.rollout.mode=sync"),

@@ -85,10 +85,32 @@ def test_multinode_plan_needs_as_many_large_enough_alive_nodes():
     assert problem.startswith("trainer.nnodes=2 x trainer.n_gpus_per_node=8 needs 2 Ray node(s) holding 8 GPU, "
                               "8 CPU each; the cluster has 2 alive node(s), 1 of them large enough: a ")
     assert "node 1: ranks 8-15" in plan.describe() and "8 vllm engine(s) of 2 rank(s)" in plan.describe()
-    split = PlacementPlan(nnodes=2, ranks_per_node=3, use_gpu=True, cpus_per_rank=1.0, roles=("actor",),
-                          rollout_engine="vllm", tensor_parallel=2)
-    assert split.problems() == ["actor_rollout_ref.rollout.tensor_model_parallel_size=2 must divide "
+    uneven = PlacementPlan(nnodes=2, ranks_per_node=3, use_gpu=True, cpus_per_rank=1.0, roles=("actor", "rollout"),
+                           rollout_engine="vllm", tensor_parallel=2)
+    assert uneven.problems() == ["actor_rollout_ref.rollout.tensor_model_parallel_size=2 must divide "
                                 "trainer.n_gpus_per_node=3: an engine's ranks share one node"]
+
+
+def test_multinode_split_pools_plan_the_engines_apart_and_must_fit_together():
+    """``actor_rollout_ref.hybrid_engine=false``: a training pool without the engine and a rollout pool
+    of its own; pools that each fit a node may still not fit the cluster together."""
+    from verl.trainer.ppo.config import load_config
+    from verl.trainer.ppo.placement import plan_placement, total_problems
+    from verl.trainer.ppo.run_plan import make_run_plan
+
+    cfg = load_config({"trainer": {"n_gpus_per_node": 2}, "actor_rollout_ref": {"hybrid_engine": False},
+                       "rollout": {"n_gpus_per_node": 6}, "data": {"train_batch_size": 256}})
+    training, rollout = plan_placement(cfg, make_run_plan(cfg, 1), use_gpu=True)
+    assert "rollout" not in training.roles and rollout.roles == ("rollout",) and rollout.world_size == 6
+    assert rollout.describe().splitlines()[0] == ("rollout pool: 6 ranks = rollout.nnodes 1 x rollout.n_gpus_per_node "
+                                                  "6; one placement group per node, each on a Ray node of its own")
+    assert "6 vllm engine(s) of 1 rank(s), on ranks of their own" in rollout.describe()
+    eight = [_node("a", 96, 8)]
+    assert fit_problems(training, eight) == fit_problems(rollout, eight) == total_problems([training, rollout], eight) == []
+    six = [_node("a", 96, 6)]
+    assert fit_problems(training, six) == fit_problems(rollout, six) == []
+    assert total_problems([training, rollout], six) == [
+        "the pools (training, rollout) need 8 GPU, 8 CPU in all; the cluster's alive nodes have 6 GPU, 96 CPU"]
 
 
 def test_multinode_join_refused_by_token_authentication_says_what_to_set(monkeypatch):
@@ -155,6 +177,23 @@ def test_multinode_dry_run_reserves_one_node_per_placement_group(cluster, tiny_q
     assert "fits; placement groups reserved and released" in line
     assert sorted(reserved.values()) == sorted(ids.values())  # one group on each node
     assert "placement:" not in result.stdout and not (tmp_path / "run").exists()  # no worker, no output
+
+
+def test_multinode_dry_run_reserves_split_pools_together(cluster, tiny_qwen_path, qa_parquet, retriever_url,
+                                                         tmp_path):
+    """One training rank and one engine rank of its own (1 CPU each): both pools reserved at once,
+    one on each of the two 1-CPU nodes."""
+    overrides = tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, tmp_path / "run", "grpo") + [
+        "trainer.backend=ray", "actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1",
+        "trainer.dry_run=true"]
+    result = run_main(overrides, extra_env=cluster.driver_env(), timeout=300)
+    _ok(result)
+    assert "rollout pool: 1 ranks = rollout.nnodes 1 x rollout.n_gpus_per_node 1" in result.stdout
+    line = next(line for line in result.stdout.splitlines() if line.startswith("cluster "))
+    reserved = re.findall(r"(rollout )?node 0 -> Ray node ([0-9a-f]+)", line)
+    assert "fits; placement groups reserved and released" in line
+    assert [pool for pool, _ in reserved] == ["", "rollout "]
+    assert sorted(node for _, node in reserved) == sorted(cluster.node_ids().values())
 
 
 # ------------------------------------------------------------------------------- runs on two nodes

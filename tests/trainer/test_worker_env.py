@@ -30,10 +30,10 @@ def test_start_group_passes_them_to_init_ray(monkeypatch):
     monkeypatch.setattr(ray_pkg, "RayResourcePool", lambda **kwargs: "pool")
     monkeypatch.setattr(ray_pkg, "RayWorkerGroup", lambda pool, bundle: SimpleNamespace(pool=pool, bundle=bundle,
                                                                                          rank_nodes={0: "n"}))
-    monkeypatch.setattr(placement, "check_placement", lambda plan: None)
+    monkeypatch.setattr(placement, "check_placement", lambda pools: None)
     monkeypatch.setattr(placement, "describe_ranks", lambda rank_nodes, plan: "placement: 1 rank")
     monkeypatch.setattr(worker_setup, "use_gpu", lambda: False)
     cfg = load_config({"trainer": {"n_gpus_per_node": 1}})
-    group = worker_setup._start_group(cfg, make_run_plan(cfg, 1), "bundle")
+    [group] = worker_setup._start_groups(cfg, make_run_plan(cfg, 1), ["bundle"])
     assert (group.pool, group.bundle) == ("pool", "bundle")
     assert seen["env_vars"] == CPU_MALLOC_ENV_VARS

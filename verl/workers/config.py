@@ -40,7 +40,8 @@ class RefConfig:
 
 @dataclass(frozen=True)
 class ActorRolloutRefConfig:
-    """One worker process per rank hosting the actor, the rollout engine and the reference."""
+    """One worker process per rank hosting the actor, the rollout engine and the reference (the
+    engine in processes of its own with ``hybrid_engine=false``)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """the policy model"""
@@ -50,3 +51,7 @@ class ActorRolloutRefConfig:
     """the reference policy (loaded when a KL term needs it)"""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     """the generation engine"""
+    hybrid_engine: bool = True
+    """the engine in the actor's processes, weights pushed in memory; `false`: the engines on GPUs of
+    their own (`rollout.nnodes` x `rollout.n_gpus_per_node`), weights broadcast from the actor after
+    each update (docs/architecture.md, Split pools)"""

@@ -14,6 +14,7 @@ optimizers, engines and checkpoints to the group's calls.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -26,13 +27,14 @@ import torch.distributed as dist
 
 from verl.protocol import DataProto
 from verl.single_controller.base import Dispatch, Worker, register
+from verl.single_controller.base.host import reachable_address
 from verl.utils import fsdp_utils, lora
 from verl.utils.checkpoint import FSDPCheckpointManager
 from verl.utils.config import to_typed
 from verl.utils.device_memory import PhaseMemory
 from verl.utils.host_memory import HostMemoryConfig, HostMemoryHook
 from verl.utils.torch_functional import build_lr_scheduler, build_optimizer
-from verl.workers import batching
+from verl.workers import batching, weight_sync
 from verl.workers.actor.dp_actor import DataParallelPPOActor
 from verl.workers.config import ActorRolloutRefConfig
 from verl.workers.critic.config import CriticConfig
@@ -41,7 +43,7 @@ from verl.workers.forward import ForwardLayout
 
 logger = logging.getLogger(__name__)
 
-ROLES = ("actor", "rollout", "ref", "actor_rollout", "actor_rollout_ref")
+ROLES = ("actor", "rollout", "ref", "actor_ref", "actor_rollout", "actor_rollout_ref")
 
 
 @dataclass(frozen=True)
@@ -164,7 +166,8 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
 
     Args:
         config: the ``actor_rollout_ref`` section (an ``ActorRolloutRefConfig`` or a mapping of it).
-        role: one of ``actor``, ``rollout``, ``ref``, ``actor_rollout``, ``actor_rollout_ref``.
+        role: one of ``actor``, ``rollout``, ``ref``, ``actor_ref``, ``actor_rollout``, ``actor_rollout_ref``
+            (``actor_ref`` and ``rollout`` are the two sides of split pools, :mod:`verl.workers.weight_sync`).
         run: the run's derived values (:class:`WorkerRun`).
     Raises:
         ValueError: unknown role, a malformed config, or batch sizes that do not split over the ranks.
@@ -176,9 +179,9 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         self.config = to_typed(ActorRolloutRefConfig, config, "actor_rollout_ref")
         super().__init__(run or WorkerRun(rollout_n=self.config.rollout.n))
         self.role = role
-        self._is_actor = role in ("actor", "actor_rollout", "actor_rollout_ref")
+        self._is_actor = role in ("actor", "actor_ref", "actor_rollout", "actor_rollout_ref")
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
-        self._is_ref = role in ("ref", "actor_rollout_ref")
+        self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         self.init_process_group()
         cfg, world = self.config, self.world_size
         self.update_batching = (batching.actor_update_batching(cfg.actor, self.run.rollout_n, world)
@@ -190,6 +193,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         # thread of this process while the update runs, and the weight push waits for it
         self._engine_lock = threading.Lock()
         self.updates_pushed = 0  # actor updates whose weights this process pushed into its engine
+        self._weight_sync = None  # split pools: the broadcast group of actor rank 0 and the rollout ranks
 
     # ------------------------------------------------------------------ set-up
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -318,13 +322,77 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         :meth:`_actor_resident`)."""
         if self.rollout_engine is None:
             return
+        _, named = self._engine_weights(self.rollout_engine.weight_dtype)
+        self.rollout_engine.update_weights(named)
+
+    def _engine_weights(self, dtype: torch.dtype | None):
+        """``(specs, (name, tensor) pairs)``: the actor's full weights as an engine loads them, floating
+        point ones in ``dtype`` (None: kept); a LoRA actor's merged. Collective over the actor's ranks
+        (every rank consumes the pairs), inside :meth:`_actor_resident`."""
         if lora.is_lora_model(self.actor_module):
             state = dict(fsdp_utils.iter_full_params(self.actor_module))
-            named = lora.merged_state_dict(state, lora.lora_scaling(self.actor_module)).items()
-        else:  # full tensors stay on the accelerator, already in the engine's dtype (bf16 on GPU)
-            named = fsdp_utils.iter_full_params(self.actor_module, device=None,
-                                                dtype=self.rollout_engine.weight_dtype)
-        self.rollout_engine.update_weights(named)
+            merged = lora.merged_state_dict(state, lora.lora_scaling(self.actor_module))
+            if dtype is not None:
+                merged = {name: t.to(dtype) if t.is_floating_point() else t for name, t in merged.items()}
+            return weight_sync.specs_of(merged), merged.items()
+        # full tensors stay on the accelerator, already in the engine's dtype (bf16 on GPU)
+        return (weight_sync.state_specs(self.actor_module, dtype),
+                fsdp_utils.iter_full_params(self.actor_module, device=None, dtype=dtype))
+
+    # ------------------------------------------------------------------ split pools
+    @register(dispatch_mode=Dispatch.RANK_ZERO)
+    def weight_sync_address(self) -> tuple[str, int]:
+        """Where the weight-sync group of split pools meets: this node's address and a free port."""
+        return reachable_address()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float = 3600.0) -> None:
+        """Join the broadcast group of split pools (:class:`~verl.workers.weight_sync.WeightBroadcast`):
+        the actor's rank 0 as its sender (the other actor ranks only gather), every rollout rank as
+        receiver ``1 + rank``. Both groups must be called at once (the group's set-up waits for all).
+
+        Raises:
+            RuntimeError: a role that is neither the actor nor the rollout alone, or the group not formed.
+        """
+        if self._is_actor == self._is_rollout:
+            raise RuntimeError(f"join_weight_sync on a worker with role {self.role!r}: split pools put the actor "
+                               f"and the rollout in separate workers")
+        use_gpu = torch.cuda.is_available()
+        if self._is_rollout:
+            self._weight_sync = weight_sync.WeightBroadcast(host, port, 1 + self.rank, world_size, use_gpu, timeout_s,
+                                                            engine_dtype=self.rollout_engine.weight_dtype)
+        elif self.rank == 0:
+            self._weight_sync = weight_sync.WeightBroadcast(host, port, 0, world_size, use_gpu, timeout_s)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def send_weights(self) -> dict[str, float]:
+        """The actor's full weights to the rollout ranks (every actor rank gathers, rank 0 sends);
+        returns ``{"weight_sync/bytes": ...}`` (rank 0's)."""
+        if self.actor is None:
+            raise RuntimeError(f"send_weights on a worker with role {self.role!r} (no actor)")
+        dtype = self._weight_sync.engine_dtype if self._weight_sync is not None else None
+        with self._phase("weight_sync"), self._actor_resident():
+            specs, named = self._engine_weights(dtype)
+            tensors = (tensor for _, tensor in named)
+            if self._weight_sync is None:  # not rank 0: its part is the gathers
+                collections.deque(tensors, maxlen=0)
+                return {}
+            return {"weight_sync/bytes": float(self._weight_sync.send(specs, tensors))}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
+    def receive_weights(self, after_update: bool = True) -> dict[str, float]:
+        """Load the weights the actor sends into this rank's engine, once a rollout in flight ended
+        (``after_update``: they are a new update, counted in ``updates_pushed``; a start or a resume is
+        not); returns ``timing_s/rollout_wait`` and ``timing_s/weight_sync`` (seconds)."""
+        if self._weight_sync is None or self.rollout_engine is None:
+            raise RuntimeError(f"receive_weights on a worker with role {self.role!r} outside a weight-sync group")
+        started = time.perf_counter()
+        with self._engine_lock:
+            waited = time.perf_counter() - started
+            with self._phase("weight_sync"):
+                self.rollout_engine.update_weights(self._weight_sync.receive())
+            self.updates_pushed += int(after_update)
+        return {"timing_s/rollout_wait": waited, "timing_s/weight_sync": time.perf_counter() - started - waited}
 
     # ------------------------------------------------------------------ log-probs
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

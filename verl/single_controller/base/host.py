@@ -66,15 +66,7 @@ class WorkerHost:
 
     def node_address(self) -> tuple[str, int]:
         """An address other ranks can reach and a free TCP port on it (for rank 0's rendezvous)."""
-        try:
-            import ray
-
-            ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
-        except ImportError:
-            ip = "127.0.0.1"
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.bind(("", 0))
-            return ip, sock.getsockname()[1]
+        return reachable_address()
 
     def node_id(self) -> str:
         """Ray's id of the node this rank runs on ("" outside Ray): where the rank was placed."""
@@ -107,3 +99,16 @@ class WorkerHost:
         except Exception as error:
             error.remote_traceback = traceback.format_exc()
             raise
+
+
+def reachable_address() -> tuple[str, int]:
+    """This node's address as other Ray nodes reach it (127.0.0.1 outside Ray) and a free TCP port."""
+    try:
+        import ray
+
+        ip = ray.util.get_node_ip_address() if ray.is_initialized() else "127.0.0.1"
+    except ImportError:
+        ip = "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return ip, sock.getsockname()[1]

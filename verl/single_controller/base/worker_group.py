@@ -10,7 +10,9 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
+import queue
 import re
+import threading
 from typing import Any, Callable
 
 from verl.single_controller.base.decorator import CallPlan, MethodSpec, collect_results, get_method_spec, plan_calls
@@ -100,6 +102,29 @@ class PendingCall:
 
     def get(self) -> Any:
         return self._finish(self._wait())
+
+
+def wait_together(*calls: PendingCall) -> list[Any]:
+    """The results of pending calls that wait on each other (the two sides of a collective across
+    worker groups), in order; the first failure is raised as soon as it happens, not after the
+    other side's collective timeout."""
+    results: list[Any] = [None] * len(calls)
+    errors: "queue.Queue[tuple[int, BaseException | None]]" = queue.Queue()
+
+    def run(index: int, call: PendingCall) -> None:
+        try:
+            results[index] = call.get()
+            errors.put((index, None))
+        except BaseException as error:  # noqa: BLE001  (handed to the caller's thread)
+            errors.put((index, error))
+
+    for index, call in enumerate(calls):  # daemons: a side left blocked never holds up the exit
+        threading.Thread(target=run, args=(index, call), daemon=True).start()
+    for _ in calls:
+        _, error = errors.get()
+        if error is not None:
+            raise error
+    return results
 
 
 def role_classes_of(cls_with_init: ClassWithInitArgs | ColocatedClassWithInitArgs) -> dict[str, ClassWithInitArgs]:

@@ -34,7 +34,6 @@ _SHARDING = "FSDP2 shards each decoder layer over all ranks; no auto-wrap thresh
 _ULYSSES = "no sequence parallelism: each rank holds whole sequences"
 
 COMPAT_KEYS: dict[str, CompatKey] = {
-    "actor_rollout_ref.hybrid_engine": CompatKey(True, "actor and rollout always share processes and weights"),
     "actor_rollout_ref.actor.strategy": CompatKey("fsdp", "FSDP2 is the only training backend"),
     "actor_rollout_ref.actor.state_masking": CompatKey(
         True, "retrieved tokens are always masked out of the loss (`response_mask` comes from the loop)"),

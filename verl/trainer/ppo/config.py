@@ -1,7 +1,7 @@
 """The PPO/GRPO trainer's configuration: Search-R1's key tree as typed dataclasses.
 
 ``PPOConfig`` is the trainer's tree (``data``, ``actor_rollout_ref``, ``critic``, ``reward_model``,
-``algorithm``, ``trainer``, ``evaluation``, ``max_turns``, ``env``); each section is the dataclass of
+``algorithm``, ``trainer``, ``rollout``, ``evaluation``, ``max_turns``, ``env``); each section is the dataclass of
 the component it configures. The environment a run names (``env.name``) brings the run's class, a
 subclass adding its own sections (Search-R1's: ``retriever``, ``do_search``, the format scores of
 ``reward_model``). ``verl/trainer/config/ppo_trainer.yaml`` and docs/configuration.md are generated
@@ -105,6 +105,18 @@ class TrainerConfig:
 
 
 @dataclass(frozen=True)
+class RolloutPoolConfig:
+    """GPUs of the rollout engines when they are apart from the training ranks (``rollout``; veRL's
+    one-step-off-policy keys): used with ``actor_rollout_ref.hybrid_engine=false``."""
+
+    nnodes: int = 1
+    """Ray nodes of the rollout pool"""
+    n_gpus_per_node: int = 0
+    """rollout ranks per node, each an engine on a GPU of its own (CPU processes without GPUs); 0: the
+    engines share the training ranks (the hybrid engine)"""
+
+
+@dataclass(frozen=True)
 class PPOConfig:
     """The trainer's part of a run: Search-R1's ``ppo_trainer.yaml`` tree plus newer veRL keys (an
     environment's class adds its own sections)."""
@@ -121,6 +133,8 @@ class PPOConfig:
     """advantage estimator and in-reward KL"""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     """the training loop"""
+    rollout: RolloutPoolConfig = field(default_factory=RolloutPoolConfig)
+    """the rollout engines' own GPUs (split pools: `actor_rollout_ref.hybrid_engine=false`)"""
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     """`bash evaluate.sh` (verl/trainer/main_eval.py)"""
     max_turns: int = 2

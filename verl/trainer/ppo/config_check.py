@@ -247,12 +247,37 @@ def check_staleness(cfg: PPOConfig) -> None:
     if rollout.name != "vllm":
         raise ConfigError(f"{key}=1 needs actor_rollout_ref.rollout.name=vllm (the hf engine generates with the "
                           f"actor's own parameters, which the update changes); got {rollout.name!r}")
-    if rollout.free_cache_engine:
+    if rollout.free_cache_engine and cfg.actor_rollout_ref.hybrid_engine:
         raise ConfigError(f"{key}=1 keeps the engine generating through the update: set "
                           f"actor_rollout_ref.rollout.free_cache_engine=false")
     if actor.tis_imp_ratio_cap <= 0:
         raise ConfigError(f"{key}=1 trains on a batch sampled one update earlier: set "
                           f"actor_rollout_ref.actor.tis_imp_ratio_cap > 0 (e.g. 2.0) to correct it")
+
+
+def check_split_pools(cfg: PPOConfig) -> None:
+    """``actor_rollout_ref.hybrid_engine=false`` puts the engines on ``rollout.nnodes x
+    rollout.n_gpus_per_node`` ranks of their own; the two keys must agree, and the pools need Ray.
+
+    Raises:
+        ConfigError: naming the setting that does not fit.
+    """
+    hybrid, pool = cfg.actor_rollout_ref.hybrid_engine, cfg.rollout
+    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    if hybrid:
+        if pool.n_gpus_per_node:
+            raise ConfigError(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} gives the engines GPUs of their own: "
+                              f"set actor_rollout_ref.hybrid_engine=false too (or rollout.n_gpus_per_node=0)")
+        return
+    if pool.n_gpus_per_node < 1 or pool.nnodes < 1:
+        raise ConfigError(f"actor_rollout_ref.hybrid_engine=false needs the engines' own GPUs: rollout.nnodes="
+                          f"{pool.nnodes} x rollout.n_gpus_per_node={pool.n_gpus_per_node} (each >= 1)")
+    if cfg.trainer.backend != "ray":
+        raise ConfigError(f"actor_rollout_ref.hybrid_engine=false runs the engines in Ray workers of their own: "
+                          f"set trainer.backend=ray (got {cfg.trainer.backend!r})")
+    if pool.n_gpus_per_node % tp:
+        raise ConfigError(f"actor_rollout_ref.rollout.tensor_model_parallel_size={tp} must divide "
+                          f"rollout.n_gpus_per_node={pool.n_gpus_per_node}")
 
 
 def check_frontend_process(cfg: PPOConfig) -> None:
@@ -284,4 +309,5 @@ def check_config(cfg: PPOConfig) -> None:
     check_batch_sizes(cfg)
     check_trainer_watch(cfg)
     check_staleness(cfg)
+    check_split_pools(cfg)
     check_frontend_process(cfg)

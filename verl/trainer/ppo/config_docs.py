@@ -161,7 +161,7 @@ def render_markdown() -> str:
             top_level += _section_rows(cls, field.name)
             continue
         module = field_type.__module__.replace(".", "/") + ".py"
-        parts.append(f"## {field.name}\n\n{field_docs(cls)[field.name].capitalize()}: "
+        parts.append(f"## {field.name}\n\n{_sentence(field_docs(cls)[field.name])}: "
                      f"`{field_type.__name__}` in `{module}`.\n\n{_table(_section_rows(cls, field.name))}\n")
     parts.append(f"## top level\n\n{_table(top_level)}\n")
     compat = [(key, _yaml_value(key_info.default), key_info.why) for key, key_info in COMPAT_KEYS.items()]
@@ -189,6 +189,11 @@ def _absolute(tree: Any, prefix: str) -> Any:
     if isinstance(tree, dict):
         return {k: _absolute(v, f"{prefix}.{k}" if prefix else k) for k, v in tree.items()}
     return absolute_interpolation(tree, prefix)
+
+
+def _sentence(text: str) -> str:
+    """``text`` with its first letter capitalised and the rest as written (acronyms such as GPU stay)."""
+    return text[:1].upper() + text[1:]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,13 +33,23 @@ class WorkerHandles:
 
     ``actor_rollout``: actor + rollout engine (+ reference when colocated); ``ref``: the group that
     computes ``ref_log_probs`` (None when no KL is used); ``critic``: None for GRPO; ``shutdown``
-    stops the workers (and Ray).
+    stops the workers (and Ray). Split pools (``actor_rollout_ref.hybrid_engine=false``): ``rollout``
+    is the engines' group (``actor_rollout`` then has no engine) and ``sync_weights(after_update)`` pushes
+    the actor's weights to it (returns its metrics; ``after_update=False``: a push that is not a new
+    update, e.g. after a resume); colocated, the update pushes them itself.
     """
 
     actor_rollout: Any
     ref: Any
     critic: Any
     shutdown: Callable = lambda: None
+    rollout: Any = None
+    sync_weights: Callable[..., dict] = lambda after_update=True: {}
+
+    @property
+    def rollout_group(self):
+        """The group whose engines run the rollouts."""
+        return self.rollout if self.rollout is not None else self.actor_rollout
 
 
 class RayPPOTrainer:
@@ -99,8 +109,9 @@ class RayPPOTrainer:
                 with timer("update_critic", timings):                                          # 6
                     metrics.update(self.update(w.critic, "update_critic", batch))
             if self.global_step > cfg.trainer.critic_warmup:
-                with timer("update_actor", timings):
+                with timer("update_actor", timings):  # with the weight push, as colocated
                     metrics.update(self.update(w.actor_rollout, "update_actor", batch))
+                    metrics.update(w.sync_weights())
                 self.updates_done += 1
         metrics.update(self.step_metrics(batch, timings))                                      # 7
         metrics.update(self.health.observe(self.global_step, batch, metrics))
@@ -264,6 +275,7 @@ class RayPPOTrainer:
         if path is None:
             return
         self.workers.actor_rollout.load_checkpoint(str(path / "actor"))
+        self.workers.sync_weights(after_update=False)  # split pools: the engines serve the resumed weights
         if self.workers.critic is not None:
             self.workers.critic.load_checkpoint(str(path / "critic"))
         state = checkpointing.load_trainer_state(path)

@@ -1,12 +1,13 @@
 """The rollout worker group seen as a ``RolloutEngine``.
 
 The engine lives inside the actor-rollout workers (colocated with the FSDP actor, sharing its
-weights), and so does the multi-turn loop that drives it: ``run_agent_loop`` sends the rows with
+weights; or, with split pools, in workers of its own), and so does the multi-turn loop that drives it: ``run_agent_loop`` sends the rows with
 the loop to run (:class:`~verl.workers.rollout.agent_loop.remote.AgentLoop`, either rollout mode)
 and each worker runs it on its share of the rows beside its own engine (``generate_trajectories``),
 reporting each turn's progress back when the caller asks for it. ``generate`` (one
 ``generate_sequences`` call: single-turn generation) serves callers without a loop. Weight sync
-after an actor update happens inside the workers, so ``update_weights`` is a no-op here.
+after an actor update happens between the workers (inside them when colocated; the trainer's
+``WorkerHandles.sync_weights`` with split pools), so ``update_weights`` is a no-op here.
 """
 
 from __future__ import annotations

@@ -200,7 +200,7 @@ def build_trainer(cfg: PPOConfig) -> RayPPOTrainer:
                        cfg.trainer.log_dir, config=to_plain(cfg))
     workers = build_worker_groups(cfg, plan)
     try:
-        engine = WorkerGroupEngine(workers.actor_rollout, world_size=plan.data_parallel_size)
+        engine = WorkerGroupEngine(workers.rollout_group, world_size=workers.rollout_group.world_size)
         val_batch_size = cfg.data.val_batch_size
         return RayPPOTrainer(
             cfg, plan, tokenizer, workers, BatchLoader(train_set, collate_fn, sampler),
