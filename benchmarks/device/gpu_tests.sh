@@ -5,7 +5,9 @@
 # pytest-timeout==2.4.0 -d .whl-extra), which prepare installs with .whl. One call, from the repo root:
 #   bash benchmarks/device/gpu_tests.sh        # TESTS: the pytest arguments (default: the offload tests);
 #                                              # PYTHON: the interpreter (python3)
-# $OUT gets gpu_tests.xml (JUnit) and the exit status is pytest's.
+# $OUT gets gpu_tests.xml (JUnit) and the exit status is pytest's. On a machine of two GPUs or more (nvidia-h200-x2):
+#   TESTS="tests/workers/test_weight_sync.py tests/trainer/test_split_pools.py" bash benchmarks/device/gpu_tests.sh
+# (split pools' NCCL weight broadcast, and the trainer's split runs with the engine on the second GPU).
 set -uo pipefail
 work=${WORK_DIR:-/tmp/gpu_tests}
 source benchmarks/device/common.sh

@@ -2,8 +2,9 @@
 FSDP actor on the training rank, the engine on a rank of its own (``rollout.n_gpus_per_node``), the
 actor's weights broadcast to it over gloo after every update.
 
-* staleness 0, transformers engine: every step's rollout log-probs are those of the actor that
-  trains on them (the engine got each update), while the policy moved away from its start;
+* staleness 0, transformers engine, GRPO and PPO (the critic on the training rank): every step's
+  rollout log-probs are those of the actor that trains on them (the engine got each update), while
+  the policy moved away from its start;
 * staleness 1 (``+recipe=one_step_off_policy``), vLLM CPU engine: each step from the second trains
   on a batch rolled out beside the previous update, and a resume from the checkpoint pushes the
   saved weights to the engine before its first rollout.
@@ -23,16 +24,21 @@ SPLIT = ["trainer.backend=ray", "actor_rollout_ref.hybrid_engine=false", "rollou
          "actor_rollout_ref.rollout.do_sample=false"]
 
 
+# the actor's KL to the reference (its starting weights): GRPO's KL loss, PPO's in-reward KL (k1, signed)
+KL_TO_START = {"grpo": "actor/kl_loss", "ppo": "actor/reward_kl_penalty"}
+
+
 def _run(overrides: list[str]):
     result = run_main(overrides)
     assert result.returncode == 0, result.stdout[-3000:] + "\n" + result.stderr[-5000:]
     return result
 
 
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
 def test_split_pools_engine_serves_the_actors_weights_after_each_update(tiny_qwen_path, qa_parquet,  # noqa: F811
-                                                                       retriever_url, tmp_path):  # noqa: F811
+                                                                       retriever_url, tmp_path, algo):  # noqa: F811
     out = tmp_path / "run"
-    result = _run(tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, "grpo") + SPLIT + [
+    result = _run(tiny_overrides(tiny_qwen_path, qa_parquet, retriever_url, out, algo) + SPLIT + [
         "trainer.total_training_steps=3", "trainer.save_freq=-1",
         # an old-log-prob pass beside the rollout's own log-probs: their gap is the engine's staleness
         "actor_rollout_ref.actor.tis_imp_ratio_cap=2.0"])
@@ -44,7 +50,7 @@ def test_split_pools_engine_serves_the_actors_weights_after_each_update(tiny_qwe
         assert m["weight_sync/bytes"] > 0 and m["timing_s/weight_sync"] >= 0.0
         assert m["actor/rollout_vs_actor_log_prob_diff"] < 1e-5, m
     # the actor moved away from its start: an engine left on the first weights would be far from it
-    assert max(m["actor/kl_loss"] for m in metrics) > 1e-2, metrics
+    assert max(abs(m[KL_TO_START[algo]]) for m in metrics) > 1e-2, metrics
 
 
 def test_split_pools_one_step_off_policy_and_resume(tiny_qwen_path, qa_parquet, retriever_url,  # noqa: F811

@@ -1,4 +1,5 @@
-"""The split pools' weight broadcast (``verl.workers.weight_sync``) between real processes over gloo:
+"""The split pools' weight broadcast (``verl.workers.weight_sync``) between real processes, over gloo
+(and over NCCL where there are two GPUs or more: one per process, as on the device's multi-GPU machines):
 what the receivers get is what the sender sent (names, shapes, dtypes, values, in order), push after
 push; the engine's dtype reaches the sender; a tensor unlike its spec is refused; a receiver that finds no group says where it looked."""
 
@@ -26,20 +27,32 @@ def _weights(push: int) -> dict[str, torch.Tensor]:
             "model.layers.0.step": torch.tensor([push, 3 * push], dtype=torch.int64)}
 
 
-def _receiver(port: int, rank: int, pushes: int, out) -> None:
-    group = weight_sync.WeightBroadcast("127.0.0.1", port, rank, 3, use_gpu=False, timeout_s=60,
+def _receiver(port: int, rank: int, world_size: int, pushes: int, use_gpu: bool, out) -> None:
+    if use_gpu:
+        torch.cuda.set_device(rank)
+    group = weight_sync.WeightBroadcast("127.0.0.1", port, rank, world_size, use_gpu=use_gpu, timeout_s=60,
                                         engine_dtype=torch.bfloat16)
-    out.put([[(name, tensor.clone()) for name, tensor in group.receive()] for _ in range(pushes)])
+    out.put([[(name, tensor.cpu()) for name, tensor in group.receive()] for _ in range(pushes)])
 
 
-def test_receivers_get_every_push_as_sent_and_the_sender_learns_the_engine_dtype():
+GPUS = torch.cuda.device_count()
+
+
+@pytest.mark.parametrize("use_gpu", [False, pytest.param(True, marks=pytest.mark.skipif(
+    GPUS < 2, reason=f"NCCL between processes needs a GPU each (2 or more; this machine has {GPUS})"))],
+    ids=["gloo", "nccl"])
+def test_receivers_get_every_push_as_sent_and_the_sender_learns_the_engine_dtype(use_gpu):
     ctx = mp.get_context("spawn")
     port, out = _free_port(), ctx.Queue()
-    receivers = [ctx.Process(target=_receiver, args=(port, rank, 2, out)) for rank in (1, 2)]
+    world_size = min(3, GPUS) if use_gpu else 3
+    receivers = [ctx.Process(target=_receiver, args=(port, rank, world_size, 2, use_gpu, out))
+                 for rank in range(1, world_size)]
     for process in receivers:
         process.start()
     try:
-        sender = weight_sync.WeightBroadcast("127.0.0.1", port, 0, 3, use_gpu=False, timeout_s=60)
+        if use_gpu:
+            torch.cuda.set_device(0)
+        sender = weight_sync.WeightBroadcast("127.0.0.1", port, 0, world_size, use_gpu=use_gpu, timeout_s=60)
         assert sender.engine_dtype == torch.bfloat16
         sent = [_weights(1), _weights(2)]
         for weights in sent:
@@ -57,7 +70,7 @@ def test_receivers_get_every_push_as_sent_and_the_sender_learns_the_engine_dtype
     finally:
         for process in receivers:
             process.join(timeout=60)
-    assert [process.exitcode for process in receivers] == [0, 0]
+    assert [process.exitcode for process in receivers] == [0] * (world_size - 1)
 
 
 def test_state_specs_cast_floating_entries_only_and_keep_full_shapes():
