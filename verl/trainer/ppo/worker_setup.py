@@ -157,7 +157,7 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = Fals
                          sync_weights=sync_weights)
 
 
-def connect_split_pools(actor, rollout) -> Callable[[], dict[str, float]]:
+def connect_split_pools(actor, rollout) -> Callable[..., dict[str, float]]:
     """Form the weight-sync group of the actor's rank 0 and every engine rank
     (:class:`~verl.workers.weight_sync.WeightBroadcast`); returns the push: the engines take the
     actor's current weights once their rollout in flight ends (``after_update``: counted as an update
