@@ -248,13 +248,27 @@ def test_staleness_needs_its_companions(overrides, message):
                                                 r"x rollout.n_gpus_per_node=0 \(each >= 1\)"),
     (["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=1", "trainer.backend=local"],
      r"runs the engines in Ray workers of their own: set trainer.backend=ray \(got 'local'\)"),
-    (["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=3",
+    (["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=3", "actor_rollout_ref.rollout.name=vllm",
       "actor_rollout_ref.rollout.tensor_model_parallel_size=2"],
      r"tensor_model_parallel_size=2 must divide rollout.n_gpus_per_node=3"),
 ])
 def test_split_pools_need_their_own_ranks(overrides, message):
     with pytest.raises(ConfigError, match=message):
         parse_config(overrides)
+
+
+def test_split_pools_engine_ranks_need_not_divide_the_training_batches():
+    """An engine rank alone runs no log-prob or update pass: 6 engines beside 2 training ranks start,
+    though Search-R1's 64/128-row micro-batches do not split over 6 ranks (a training rank's would not)."""
+    from verl.workers.fsdp_workers import role_batchings
+
+    cfg = parse_config(["actor_rollout_ref.hybrid_engine=false", "rollout.n_gpus_per_node=6",
+                        "trainer.n_gpus_per_node=2"]).actor_rollout_ref
+    assert role_batchings(cfg, 5, 6, is_actor=False, is_ref=False) == (None, None, None)
+    update, old, ref = role_batchings(cfg, 5, 2, is_actor=True, is_ref=True)
+    assert update is not None and old.rows == ref.rows == 64
+    with pytest.raises(ValueError, match=r"\(64\) is not divisible by data-parallel size .* \(6\)"):
+        role_batchings(cfg, 5, 6, is_actor=True, is_ref=False)
 
 
 def test_split_pools_let_staleness_keep_the_kv_cache_setting():

@@ -74,3 +74,4 @@ def test_split_pools_one_step_off_policy_and_resume(tiny_qwen_path, qa_parquet, 
     # the resume's first batch was rolled out on the saved weights (pushed at the resume): no lag
     assert resumed["step"] == 3 and resumed["rollout/policy_lag"] == 0.0
     assert resumed["actor/rollout_vs_actor_log_prob_diff"] < 1e-4, resumed
+    assert resumed["actor/kl_loss"] > 1e-3, resumed  # the saved actor is far from the engine's first weights

@@ -58,3 +58,19 @@ def test_resume_drops_the_rollout_in_flight_and_draws_its_prompts_again():
 def test_staleness_other_than_0_or_1_is_refused():
     with pytest.raises(ValueError, match="staleness must be 0 or 1, got 2"):
         make(2, [])
+
+
+def test_settle_waits_for_the_rollout_in_flight_and_keeps_its_batch():
+    """Split pools push weights only once the rollout in flight ended: ``settle`` waits for it (one
+    get), the next step takes that batch without waiting again, and a checkpoint meanwhile still keeps
+    the position before its prompts."""
+    log = []
+    rollouts = make(1, log)
+    rollouts.next(more=True)
+    rollouts.settle()
+    rollouts.settle()  # nothing more in flight: no second get
+    assert log == [("start", [0, 1]), ("get", [0, 1]), ("start", [2, 3]), ("get", [2, 3])]
+    assert rollouts.state_dict() == {"epoch": 0, "position": 1}  # before the second batch's prompts
+    assert rollouts.next(more=True) == [2, 3]
+    assert log[4:] == [("start", [4, 5])]  # its batch taken without another get
+    make(0, []).settle()  # staleness 0: nothing in flight between steps

@@ -161,6 +161,19 @@ class _FSDPModelWorker(Worker):
         self.lr_scheduler.step()
 
 
+def role_batchings(config: ActorRolloutRefConfig, rollout_n: int, world_size: int, is_actor: bool, is_ref: bool):
+    """``(update, old log-prob, ref log-prob)`` per-rank batchings of the passes a role runs (None for the
+    others): an engine's ranks alone (split pools) need none, and their count need not divide the batch.
+
+    Raises:
+        ValueError: batch sizes that do not split over ``world_size`` ranks (naming the key).
+    """
+    update = batching.actor_update_batching(config.actor, rollout_n, world_size) if is_actor else None
+    old = batching.log_prob_batching("rollout", config.rollout, config.actor, world_size) if is_actor else None
+    ref = batching.log_prob_batching("ref", config.ref, config.actor, world_size) if is_ref else None
+    return update, old, ref
+
+
 class ActorRolloutRefWorker(_FSDPModelWorker):
     """Actor, rollout and/or reference in one process (the hybrid engine).
 
@@ -183,11 +196,8 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         self._is_rollout = role in ("rollout", "actor_rollout", "actor_rollout_ref")
         self._is_ref = role in ("ref", "actor_ref", "actor_rollout_ref")
         self.init_process_group()
-        cfg, world = self.config, self.world_size
-        self.update_batching = (batching.actor_update_batching(cfg.actor, self.run.rollout_n, world)
-                                if self._is_actor else None)
-        self.old_log_prob_batching = batching.log_prob_batching("rollout", cfg.rollout, cfg.actor, world)
-        self.ref_log_prob_batching = batching.log_prob_batching("ref", cfg.ref, cfg.actor, world)
+        self.update_batching, self.old_log_prob_batching, self.ref_log_prob_batching = role_batchings(
+            self.config, self.run.rollout_n, self.world_size, self._is_actor, self._is_ref)
         self.actor = self.ref_policy = self.rollout_engine = None
         # one user of the engine at a time: with rollout.staleness=1 a rollout runs on a second
         # thread of this process while the update runs, and the weight push waits for it
@@ -346,7 +356,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         return reachable_address()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
-    def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float = 3600.0) -> None:
+    def join_weight_sync(self, host: str, port: int, world_size: int, timeout_s: float = 600.0) -> None:
         """Join the broadcast group of split pools (:class:`~verl.workers.weight_sync.WeightBroadcast`):
         the actor's rank 0 as its sender (the other actor ranks only gather), every rollout rank as
         receiver ``1 + rank``. Both groups must be called at once (the group's set-up waits for all).
@@ -381,18 +391,17 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def receive_weights(self, after_update: bool = True) -> dict[str, float]:
-        """Load the weights the actor sends into this rank's engine, once a rollout in flight ended
-        (``after_update``: they are a new update, counted in ``updates_pushed``; a start or a resume is
-        not); returns ``timing_s/rollout_wait`` and ``timing_s/weight_sync`` (seconds)."""
+        """Load the weights the actor sends into this rank's engine (``after_update``: they are a new
+        update, counted in ``updates_pushed``; a start or a resume is not); returns
+        ``timing_s/weight_sync`` (seconds, until the engine holds them). The caller sends no push while
+        this engine generates (``TrainingRollouts.settle``); the lock only guards against a misuse."""
         if self._weight_sync is None or self.rollout_engine is None:
             raise RuntimeError(f"receive_weights on a worker with role {self.role!r} outside a weight-sync group")
         started = time.perf_counter()
-        with self._engine_lock:
-            waited = time.perf_counter() - started
-            with self._phase("weight_sync"):
-                self.rollout_engine.update_weights(self._weight_sync.receive())
+        with self._engine_lock, self._phase("weight_sync"):
+            self.rollout_engine.update_weights(self._weight_sync.receive())
             self.updates_pushed += int(after_update)
-        return {"timing_s/rollout_wait": waited, "timing_s/weight_sync": time.perf_counter() - started - waited}
+        return {"timing_s/weight_sync": time.perf_counter() - started}
 
     # ------------------------------------------------------------------ log-probs
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

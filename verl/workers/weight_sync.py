@@ -10,8 +10,11 @@ TRL's vLLM server make such a side group the same way, with vLLM's stateless gro
 
 Each push is one "version": rank 0 writes the list of ``(name, shape, dtype)`` into the store under
 the version's key, then broadcasts the tensors in that order; a receiver reads the list, allocates
-each tensor and receives into it, handing them to its engine one at a time (at most one tensor
-beyond the engine's own weights is held on either side).
+each tensor and receives into it, handing them to its engine one at a time. The sender holds one
+gathered tensor at a time; an engine may keep every received tensor until it loads them (vLLM's push
+does: a full copy of the weights beside its own, and one more when served from a child process).
+A push is sent only while no engine generates (the trainer waits for the rollout in flight first),
+so its collectives never wait on a rollout and a short timeout bounds a lost peer.
 """
 
 from __future__ import annotations
@@ -44,8 +47,8 @@ class WeightBroadcast:
         rank: this process's rank in the group (0: the sender).
         world_size: 1 + the rollout ranks.
         use_gpu: NCCL on the current CUDA device (else gloo on CPU tensors).
-        timeout_s: how long a push may wait for the other side (a receiver waits for its rollout in
-            flight before it joins the push, so this bounds that rollout too).
+        timeout_s: how long the set-up or a collective may wait for the other side (a peer that is
+            gone, an address no node reaches).
         engine_dtype: a receiver's engine dtype, which rank 0 casts floating-point weights to before
             sending (rank 1 publishes it at start; rank 0 reads it).
 
@@ -53,7 +56,7 @@ class WeightBroadcast:
         RuntimeError: the store or the group cannot be set up within ``timeout_s`` (naming the address).
     """
 
-    def __init__(self, host: str, port: int, rank: int, world_size: int, use_gpu: bool, timeout_s: float = 3600.0,
+    def __init__(self, host: str, port: int, rank: int, world_size: int, use_gpu: bool, timeout_s: float = 600.0,
                  engine_dtype: torch.dtype | None = None) -> None:
         if world_size < 2 or not 0 <= rank < world_size:
             raise ValueError(f"weight sync: rank {rank} of world_size {world_size} (one sender, >= 1 receiver)")
@@ -82,14 +85,16 @@ class WeightBroadcast:
         """
         self.version += 1
         self.store.set(f"specs/{self.version}", pickle.dumps(specs))
-        sent, count = 0, 0
+        if self.version > 1:  # every receiver read the previous list before that push completed
+            self.store.delete_key(f"specs/{self.version - 1}")
+        sent = 0
         for spec, tensor in zip(specs, tensors, strict=True):
             if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
                 raise ValueError(f"weight sync: {spec.name} is {tuple(tensor.shape)} {tensor.dtype}, its spec "
                                  f"{spec.shape} {spec.dtype}")
             tensor = tensor.to(self.device).contiguous()
             self.group.broadcast(tensor, 0).wait()
-            sent, count = sent + tensor.numel() * tensor.element_size(), count + 1
+            sent += tensor.numel() * tensor.element_size()
         return sent
 
     def receive(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -103,6 +108,8 @@ class WeightBroadcast:
             tensor = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
             self.group.broadcast(tensor, 0).wait()
             yield spec.name, tensor
+        if self.use_gpu:  # the push's time ends when the data is there (NCCL's wait only orders the stream)
+            torch.cuda.synchronize(self.device)
 
 
 def _process_group(store, rank: int, world_size: int, use_gpu: bool, timeout: datetime.timedelta):

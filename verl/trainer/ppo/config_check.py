@@ -263,7 +263,8 @@ def check_split_pools(cfg: PPOConfig) -> None:
         ConfigError: naming the setting that does not fit.
     """
     hybrid, pool = cfg.actor_rollout_ref.hybrid_engine, cfg.rollout
-    tp = cfg.actor_rollout_ref.rollout.tensor_model_parallel_size
+    rollout = cfg.actor_rollout_ref.rollout
+    tp = rollout.tensor_model_parallel_size if rollout.name == "vllm" else 1  # one hf engine per rank
     if hybrid:
         if pool.n_gpus_per_node:
             raise ConfigError(f"rollout.n_gpus_per_node={pool.n_gpus_per_node} gives the engines GPUs of their own: "

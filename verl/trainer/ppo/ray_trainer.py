@@ -111,7 +111,8 @@ class RayPPOTrainer:
             if self.global_step > cfg.trainer.critic_warmup:
                 with timer("update_actor", timings):  # with the weight push, as colocated
                     metrics.update(self.update(w.actor_rollout, "update_actor", batch))
-                    metrics.update(w.sync_weights())
+                    if w.rollout is not None:
+                        metrics.update(self.push_weights())
                 self.updates_done += 1
         metrics.update(self.step_metrics(batch, timings))                                      # 7
         metrics.update(self.health.observe(self.global_step, batch, metrics))
@@ -144,6 +145,14 @@ class RayPPOTrainer:
         if w.critic is not None:
             with timer("values", timings):
                 stages.merge_outputs(batch, w.critic.compute_values(batch))
+
+    def push_weights(self) -> dict[str, float]:
+        """Split pools: the new weights to the engines, once the rollout in flight (staleness 1) ended;
+        its wait is ``timing_s/rollout_wait``, as when the colocated update waits for it."""
+        started = time.perf_counter()
+        self.train_rollouts.settle()
+        waited = time.perf_counter() - started
+        return {**self.workers.sync_weights(), "timing_s/rollout_wait": waited}
 
     def update(self, group, method: str, batch) -> dict[str, float]:
         output = getattr(group, method)(batch)

@@ -40,6 +40,13 @@ class TrainingRollouts:
         self.pending = self._start() if self.staleness and more else None
         return batch
 
+    def settle(self) -> None:
+        """Wait for the rollout in flight, if any, keeping its batch for :meth:`next` (split pools push
+        weights only to engines that are not generating: the push's collectives then never wait on a
+        rollout)."""
+        if self.pending is not None and not isinstance(self.pending, _Finished):
+            self.pending = _Finished(self.pending.get())
+
     def _start(self):
         self._position_before_pending = self.loader.state_dict()
         return self.start(self.loader.next_batch())
@@ -53,3 +60,13 @@ class TrainingRollouts:
         """Continue from a checkpoint's data position (any started rollout is dropped)."""
         self.pending = None
         self.loader.load_state_dict(state)
+
+
+class _Finished:
+    """A rollout already waited for: ``get()`` gives its batch."""
+
+    def __init__(self, batch) -> None:
+        self.batch = batch
+
+    def get(self):
+        return self.batch

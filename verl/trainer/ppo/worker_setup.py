@@ -160,9 +160,9 @@ def build_worker_groups(cfg: PPOConfig, plan: RunPlan, rollout_only: bool = Fals
 def connect_split_pools(actor, rollout) -> Callable[..., dict[str, float]]:
     """Form the weight-sync group of the actor's rank 0 and every engine rank
     (:class:`~verl.workers.weight_sync.WeightBroadcast`); returns the push: the engines take the
-    actor's current weights once their rollout in flight ends (``after_update``: counted as an update
-    in the rollouts' ``updates_pushed``). The push returns the engines' slowest
-    ``timing_s/rollout_wait`` and ``timing_s/weight_sync`` and ``weight_sync/bytes``."""
+    actor's current weights (``after_update``: counted as an update in the rollouts' ``updates_pushed``;
+    call it while no rollout runs, ``RayPPOTrainer.push_weights``). The push returns the engines'
+    slowest ``timing_s/weight_sync`` and ``weight_sync/bytes``."""
     from verl.single_controller.base.worker_group import wait_together
 
     host, port = actor.weight_sync_address()
