@@ -332,22 +332,20 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         :meth:`_actor_resident`)."""
         if self.rollout_engine is None:
             return
-        _, named = self._engine_weights(self.rollout_engine.weight_dtype)
-        self.rollout_engine.update_weights(named)
+        self.rollout_engine.update_weights(self._engine_weights(self.rollout_engine.weight_dtype))
 
     def _engine_weights(self, dtype: torch.dtype | None):
-        """``(specs, (name, tensor) pairs)``: the actor's full weights as an engine loads them, floating
-        point ones in ``dtype`` (None: kept); a LoRA actor's merged. Collective over the actor's ranks
-        (every rank consumes the pairs), inside :meth:`_actor_resident`."""
+        """``(name, tensor)`` pairs: the actor's full weights as an engine loads them, floating point ones
+        in ``dtype`` (None: kept); a LoRA actor's merged (a dict's items). Collective over the actor's
+        ranks (every rank consumes the pairs), inside :meth:`_actor_resident`."""
         if lora.is_lora_model(self.actor_module):
             state = dict(fsdp_utils.iter_full_params(self.actor_module))
             merged = lora.merged_state_dict(state, lora.lora_scaling(self.actor_module))
             if dtype is not None:
                 merged = {name: t.to(dtype) if t.is_floating_point() else t for name, t in merged.items()}
-            return weight_sync.specs_of(merged), merged.items()
+            return merged.items()
         # full tensors stay on the accelerator, already in the engine's dtype (bf16 on GPU)
-        return (weight_sync.state_specs(self.actor_module, dtype),
-                fsdp_utils.iter_full_params(self.actor_module, device=None, dtype=dtype))
+        return fsdp_utils.iter_full_params(self.actor_module, device=None, dtype=dtype)
 
     # ------------------------------------------------------------------ split pools
     @register(dispatch_mode=Dispatch.RANK_ZERO)
@@ -382,12 +380,15 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             raise RuntimeError(f"send_weights on a worker with role {self.role!r} (no actor)")
         dtype = self._weight_sync.engine_dtype if self._weight_sync is not None else None
         with self._phase("weight_sync"), self._actor_resident():
-            specs, named = self._engine_weights(dtype)
-            tensors = (tensor for _, tensor in named)
+            named = self._engine_weights(dtype)
             if self._weight_sync is None:  # not rank 0: its part is the gathers
-                collections.deque(tensors, maxlen=0)
+                collections.deque(named, maxlen=0)
                 return {}
-            return {"weight_sync/bytes": float(self._weight_sync.send(specs, tensors))}
+            # the specs without gathering: a LoRA actor's merged weights are already whole
+            specs = (weight_sync.specs_of(dict(named)) if lora.is_lora_model(self.actor_module)
+                     else weight_sync.state_specs(self.actor_module, dtype))
+            sent = self._weight_sync.send(specs, (tensor for _, tensor in named))
+            return {"weight_sync/bytes": float(sent)}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL, blocking=False)
     def receive_weights(self, after_update: bool = True) -> dict[str, float]:
