@@ -98,16 +98,26 @@ def _actor_run(config: dict, batch_factory, tmp_path, tracker: ResidencyTracker 
     return out
 
 
-def _assert_same_training(got: dict, expected: dict) -> None:
+def _assert_same_training(got: dict, expected: dict, exact: bool = True) -> None:
+    """Bit-identical (``exact``), or equal up to float summation order: FSDP2's CPU offload computes
+    the grad norm and the AdamW step on the host, where a GPU run computes them on the GPU (measured
+    on an H200: grad norms 4.9096465 vs 4.9096494)."""
+    def same(a, b, what, bf16=False):
+        if exact:
+            assert torch.equal(torch.as_tensor(a), torch.as_tensor(b)), what
+        else:  # one bfloat16 rounding step apart at most where the engine holds bf16 weights
+            torch.testing.assert_close(torch.as_tensor(a), torch.as_tensor(b), rtol=1e-2 if bf16 else 1e-5,
+                                       atol=1e-6, msg=lambda m: f"{what}: {m}")
+
     for key in ("old_log_probs", "ref_log_probs", "after_load"):
         assert torch.equal(got[key], expected[key]), key
     for step in ("metrics_1", "metrics_2"):
         for key in ("actor/pg_loss", "actor/grad_norm", "actor/kl_loss"):
-            assert got[step][key] == expected[step][key], (step, key)
+            same(got[step][key], expected[step][key], (step, key))
     for store in ("params_2", "engine_2"):
         assert got[store].keys() == expected[store].keys()
         for name, tensor in got[store].items():
-            assert torch.equal(tensor, expected[store][name]), (store, name)
+            same(tensor, expected[store][name], (store, name), bf16=store == "engine_2")
 
 
 @pytest.mark.parametrize("lora_rank", [0, 4], ids=["full", "lora"])
@@ -144,7 +154,7 @@ def test_offload_policy_shards_with_fsdp2_cpu_offload_and_trains_the_same(tiny_q
             sharded = [m for m in module.modules() if isinstance(m, FSDPModule)]  # the root and each layer
             assert len(sharded) > 1
             assert {type(m._get_fsdp_state()._fsdp_param_group.offload_policy) for m in sharded} == {policy}
-    _assert_same_training(got, expected)
+    _assert_same_training(got, expected, exact=not torch.cuda.is_available())
 
 
 def test_critic_trains_the_same_with_param_offload(tiny_qwen_path, configs, batch_factory, tmp_path, monkeypatch):

@@ -8,7 +8,8 @@
   :class:`MixedPrecisionPolicy` (bf16 compute / fp32 reduce on GPU, fp32 on CPU) and optional
   :class:`CPUOffloadPolicy` (parameters, gradients and the optimizer step on CPU).
 * :func:`resident`: a sharded module on the accelerator for one phase and on the host between
-  phases (veRL's ``param_offload``); optimizer-state offload between updates.
+  phases (veRL's ``param_offload``); the optimizer state between updates is
+  :mod:`verl.utils.optimizer_offload`'s.
 * full (unsharded) state dicts for export and for pushing weights to the rollout engine.
 
 Large models are loaded fully on every rank before sharding (no meta-device init); that is simple
@@ -439,27 +440,6 @@ def get_full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-@torch.no_grad()
-def offload_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    """Move optimizer state tensors to CPU (frees accelerator memory between updates)."""
-    _move_optimizer(optimizer, torch.device("cpu"))
-
-
-@torch.no_grad()
-def load_optimizer(optimizer: torch.optim.Optimizer, device: str | torch.device) -> None:
-    """Move optimizer state tensors back to ``device`` before a step."""
-    _move_optimizer(optimizer, torch.device(device))
-
-
-def _move_optimizer(optimizer: torch.optim.Optimizer, device: torch.device) -> None:
-    for state in optimizer.state.values():
-        for key, value in state.items():
-            if torch.is_tensor(value) and value.device != device:
-                # non_blocking only towards the accelerator: a non-blocking copy into pageable CPU
-                # memory may be read before it lands.
-                state[key] = value.to(device, non_blocking=device.type != "cpu")
 
 
 def clip_grad_and_step(model: nn.Module, optimizer: torch.optim.Optimizer,

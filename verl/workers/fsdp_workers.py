@@ -33,6 +33,7 @@ from verl.utils.checkpoint import FSDPCheckpointManager
 from verl.utils.config import to_typed
 from verl.utils.device_memory import PhaseMemory
 from verl.utils.host_memory import HostMemoryConfig, HostMemoryHook
+from verl.utils.optimizer_offload import OptimizerOffload
 from verl.utils.torch_functional import build_lr_scheduler, build_optimizer
 from verl.workers import batching, weight_sync
 from verl.workers.actor.dp_actor import DataParallelPPOActor
@@ -108,6 +109,7 @@ class _FSDPModelWorker(Worker):
         self.run = run or WorkerRun()
         self.phase_memory = PhaseMemory()
         self.host_memory = HostMemoryHook(self.run.host_memory)
+        self.optimizer_offload: OptimizerOffload | None = None  # set by _build_trainable
 
     @contextlib.contextmanager
     def _phase(self, name: str) -> Iterator[None]:
@@ -119,8 +121,13 @@ class _FSDPModelWorker(Worker):
         return {**self.phase_memory.pop_metrics(), **self.host_memory.pop_metrics()}
 
     def _build_trainable(self, model: torch.nn.Module, fsdp_config, optim_config):
+        """``(sharded model, optimizer, LR scheduler)``; ``self.optimizer_offload`` moves the optimizer's
+        state between updates when ``fsdp_config`` says so and there is an accelerator (else None)."""
         model = self._shard(model, fsdp_config, fsdp_config.mixed_precision)
         optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optim_config)
+        device = fsdp_utils.accelerator()
+        if self._moves_optimizer(fsdp_config) and device is not None:
+            self.optimizer_offload = OptimizerOffload(optimizer, device)
         return model, optimizer, build_lr_scheduler(optimizer, optim_config, self.run.total_training_steps)
 
     def _shard(self, model: torch.nn.Module, fsdp_config, mixed_precision: str | None) -> torch.nn.Module:
@@ -148,13 +155,13 @@ class _FSDPModelWorker(Worker):
         ``param_offload`` moves it between phases (:func:`verl.utils.fsdp_utils.resident`)."""
         return fsdp_utils.resident(model, self._moves_parameters(fsdp_config))
 
-    def _optimizer_on_device(self, optimizer, fsdp_config) -> None:
-        if self._moves_optimizer(fsdp_config):
-            fsdp_utils.load_optimizer(optimizer, fsdp_utils.device_name())
+    def _optimizer_on_device(self) -> None:
+        if self.optimizer_offload is not None:
+            self.optimizer_offload.load()
 
-    def _optimizer_off_device(self, optimizer, fsdp_config) -> None:
-        if self._moves_optimizer(fsdp_config):
-            fsdp_utils.offload_optimizer(optimizer)
+    def _optimizer_off_device(self) -> None:
+        if self.optimizer_offload is not None:
+            self.optimizer_offload.offload()
 
     def _step_scheduler(self, metrics: dict[str, float], key: str) -> None:
         metrics[key] = self.lr_scheduler.get_last_lr()[0]
@@ -235,7 +242,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
                                           layout=self._layout(self.actor_module), update=self.update_batching)
         self.checkpoint_manager = FSDPCheckpointManager(self.actor_module, self.actor_optimizer,
                                                         self.lr_scheduler, self.tokenizer)
-        self._optimizer_off_device(self.actor_optimizer, actor_cfg.fsdp_config)
+        self._optimizer_off_device()
 
     def _init_ref(self) -> None:
         if self._is_actor and lora.is_lora_model(self.actor_module):
@@ -462,12 +469,11 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
 
     def _update_policy(self, data: DataProto) -> dict[str, float]:
         """The PPO epochs on a resident actor, its optimizer state on the GPU for them."""
-        fsdp_cfg = self.config.actor.fsdp_config
         with self._phase("update_actor"), self.host_memory.update():
-            self._optimizer_on_device(self.actor_optimizer, fsdp_cfg)
+            self._optimizer_on_device()
             metrics = self.actor.update_policy(_on_device(data), self.config.rollout.temperature)
             self._step_scheduler(metrics, "actor/lr")
-            self._optimizer_off_device(self.actor_optimizer, fsdp_cfg)
+            self._optimizer_off_device()
         return metrics
 
     def _push_weights(self, released: bool) -> None:
@@ -492,7 +498,7 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
         with self._actor_resident():
             self.checkpoint_manager.load(local_path)
             # the optimizer's load_state_dict puts its state beside the parameters: back where it lives
-            self._optimizer_off_device(self.actor_optimizer, self.config.actor.fsdp_config)
+            self._optimizer_off_device()
             self._sync_rollout_weights()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -540,7 +546,7 @@ class CriticWorker(_FSDPModelWorker):
                                             update=self.update_batching, forward=self.forward_batching)
         self.checkpoint_manager = FSDPCheckpointManager(self.critic_module, self.critic_optimizer,
                                                         self.lr_scheduler, self.tokenizer)
-        self._optimizer_off_device(self.critic_optimizer, model_cfg.fsdp_config)
+        self._optimizer_off_device()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
@@ -554,10 +560,10 @@ class CriticWorker(_FSDPModelWorker):
         """Clipped value-loss epochs; ``meta_info["metrics"]`` as for the actor (``critic/*``)."""
         fsdp_cfg = self.config.model.fsdp_config
         with self._phase("update_critic"), self._resident(self.critic_module, fsdp_cfg):
-            self._optimizer_on_device(self.critic_optimizer, fsdp_cfg)
+            self._optimizer_on_device()
             metrics = self.critic.update_critic(_on_device(data))
             self._step_scheduler(metrics, "critic/lr")
-            self._optimizer_off_device(self.critic_optimizer, fsdp_cfg)
+            self._optimizer_off_device()
         metrics.update(self._phase_metrics())
         return _metrics_proto(reduce_metrics_over_ranks(metrics))
 
@@ -574,4 +580,4 @@ class CriticWorker(_FSDPModelWorker):
         with self._resident(self.critic_module, fsdp_cfg):
             self.checkpoint_manager.load(local_path)
             # the optimizer's load_state_dict puts its state beside the parameters: back where it lives
-            self._optimizer_off_device(self.critic_optimizer, fsdp_cfg)
+            self._optimizer_off_device()
