@@ -33,15 +33,17 @@ nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
 # 1. Model and data (kept in /tmp between calls on a warm machine).
 model=${MODEL:-/tmp/$shape-search}
 data=${DATA:-/tmp/paper_data}
-if [ -z "${MODEL:-}" ] && [ ! -f "$model/search_bias.json" ]; then
-  tok=$(python3 -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())' | tail -1)
-  python3 benchmarks/save_random_model.py --shape "$shape" --tokenizer "$tok" --out "/tmp/$shape-random" || exit 1
-  python3 benchmarks/paper_scale_prep.py model --src "/tmp/$shape-random" --out "$model" || exit 1
-  rm -rf "/tmp/$shape-random"
-fi
 if [ ! -f /tmp/paper_data/train.parquet ] || [ ! -f /tmp/paper_data_src/train.parquet ]; then
   python3 -c "from pathlib import Path; import scripts.quickstart as q; q.ensure_data(Path('/tmp/paper_data_src'), Path('example/qa'))" || exit 1
   python3 benchmarks/paper_scale_prep.py data --src /tmp/paper_data_src --out /tmp/paper_data || exit 1
+fi
+# the bias is calibrated in the turns that follow the data's own prompts (the forced prefix at their end)
+if [ -z "${MODEL:-}" ] && [ ! -f "$model/search_bias.json" ]; then
+  tok=$(python3 -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())' | tail -1)
+  python3 benchmarks/save_random_model.py --shape "$shape" --tokenizer "$tok" --out "/tmp/$shape-random" || exit 1
+  python3 benchmarks/paper_scale_prep.py model --src "/tmp/$shape-random" --out "$model" \
+    --data /tmp/paper_data/train.parquet || exit 1
+  rm -rf "/tmp/$shape-random"
 fi
 # 2. The retriever server on port 8000 (one already answering there is used as it is).
 retriever_pid=""

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
-from benchmarks.paper_scale_prep import CLOSE, OPEN, PREFIX, make_search_data, make_search_model
+from benchmarks.paper_scale_prep import (CLOSE, OPEN, PREFIX, TurnLogits, bias_model, make_search_data,
+                                         make_search_model, prompt_ids, turn_inputs)
 from benchmarks.shapes import Shape, build_random_model
+from search_r1.envs.search_r1.prompts import prompt_messages
+
+QUESTIONS = ["who wrote the novel the old man and the sea?", "when did the berlin wall fall?",
+             "what is the capital city of australia?", "which planet has the most moons?"]
 
 
 @pytest.fixture(scope="module")
@@ -27,17 +33,67 @@ def random_model_dir(tmp_path_factory):
     return out
 
 
-def test_biased_model_closes_searches_at_the_calibrated_rate(random_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def search_data(tmp_path_factory):
+    """Search-R1-templated questions with the forced prefix (the data step's output)."""
+    src = tmp_path_factory.mktemp("src")
+    rows = [{"prompt": prompt_messages(q), "data_source": "nq", "reward_model": {"ground_truth": {"target": ["a"]}}}
+            for q in QUESTIONS]
+    for split in ("train", "test"):
+        pq.write_table(pa.Table.from_pylist(rows), src / f"{split}.parquet")
+    out = src.parent / "search_data"
+    make_search_data(str(src), str(out))
+    return out / "train.parquet"
+
+
+def _biased_model(random_model_dir):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    info = make_search_model(str(random_model_dir), str(tmp_path / "search"), close_every=30.0, device="cpu")
+    model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(random_model_dir)
+    tokenizer.add_tokens([OPEN, CLOSE])
+    tokenizer.chat_template = None
+    return model, tokenizer, tokenizer.convert_tokens_to_ids([OPEN, CLOSE])
+
+
+def test_turn_probabilities_in_closed_form_match_a_forward_pass(random_model_dir, search_data):
+    """The calibration's closed form (hidden states once, the two logits as functions of the offsets)
+    gives what the biased model computes, in the contexts turns are generated in."""
+    from benchmarks.paper_scale_prep import BIAS_COORD
+
+    model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
+    prompts = prompt_ids(tokenizer, str(search_data))
+    assert tokenizer.convert_ids_to_tokens(prompts[0][-1:]) == [OPEN] and len(prompts) == len(QUESTIONS)
+    inputs, start = turn_inputs(prompts, model.get_input_embeddings().weight.shape[0], (open_id, close_id), 40)
+    assert inputs.shape == (len(QUESTIONS), start + 40) and inputs[0, start - 1] == open_id
+    assert not torch.isin(inputs[:, start:], torch.tensor([open_id, close_id])).any()
+    weight = model.get_input_embeddings().weight
+    with torch.no_grad():
+        weight[:, BIAS_COORD] = base = 8.0
+        turn = TurnLogits(model, inputs, start, (open_id, close_id), base)
+        offsets = {open_id: 3.0, close_id: 5.0}
+        for token, offset in offsets.items():
+            weight[token, BIAS_COORD] = base + offset
+        probs = model(input_ids=inputs).logits[:, start - 1:-1].softmax(-1)
+    # the hidden states saw the prompt's <search> without its offset: equal up to that token's influence
+    got = turn.probabilities(offsets)
+    assert got[close_id] == pytest.approx(float(probs[..., close_id].mean()), rel=0.05)
+    assert got[open_id] == pytest.approx(float(probs[..., open_id].mean()), rel=0.05)
+
+
+def test_biased_model_closes_searches_at_the_calibrated_rate(random_model_dir, search_data, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    info = make_search_model(str(random_model_dir), str(tmp_path / "search"), str(search_data), close_every=30.0,
+                             device="cpu")
     assert info["decoded"] == OPEN + CLOSE
     assert info["close"][1] == pytest.approx(1 / 30, rel=0.5) and info["open"][1] == pytest.approx(2 / 30, rel=0.5)
+    assert 10 < info["expected_turn_tokens"] < 60  # within the 128 measured tokens
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "search")
     assert not tokenizer.chat_template and json.loads((tmp_path / "search" / "search_bias.json").read_text())
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "search", dtype=torch.float32)  # saved in bf16
     assert next(AutoModelForCausalLM.from_pretrained(tmp_path / "search").parameters()).dtype == torch.bfloat16
-    prompt = tokenizer("Question: who wrote it?\n" + PREFIX, return_tensors="pt").input_ids
+    prompt = torch.tensor(prompt_ids(tokenizer, str(search_data))[:1])
     assert tokenizer.convert_ids_to_tokens(prompt[0, -1:].tolist()) == [OPEN]
     torch.manual_seed(0)
     out = model.generate(prompt.repeat(16, 1), do_sample=True, max_new_tokens=200, top_k=0, top_p=1.0,
@@ -61,16 +117,38 @@ def test_search_data_ends_every_prompt_with_the_prefix(tmp_path):
     assert rows[1]["reward_model"] == {"ground_truth": {"target": ["a"]}}
 
 
-def test_bias_offset_grows_past_its_first_range_and_an_unreachable_rate_fails(random_model_dir):
-    """Deeper models damp the bias (the 3B shape needed ~10): the search widens past 8, and says when it cannot."""
-    from transformers import AutoModelForCausalLM
+def test_the_bias_is_the_same_at_every_turn_position_and_after_any_context(random_model_dir, search_data):
+    """The turn's first position (where the prompt's own ``<search>`` is the input) and random-id contexts
+    get the rate the turns after real prompts were calibrated to: the coordinate dominates the final hidden
+    state everywhere. (With a coordinate of 1.0 the first position predicted ``</search>`` at p ~ 1 and a
+    real prompt damped the rate ~30x against random ids.)"""
+    from benchmarks.paper_scale_prep import turn_statistics
 
-    from benchmarks.paper_scale_prep import bias_model
+    model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
+    prompts = prompt_ids(tokenizer, str(search_data))
+    bias_model(model, open_id, close_id, prompts, close_every=30.0)
+    inputs, start = turn_inputs(prompts, model.get_input_embeddings().weight.shape[0], (open_id, close_id), 64)
+    with torch.no_grad():
+        close = model(input_ids=inputs).logits[:, start - 1:-1].float().softmax(-1)[..., close_id]
+    assert close[:, 0].mean() == pytest.approx(1 / 30, rel=0.5)  # predicted from <search> itself
+    assert close[:, 32:].mean() == pytest.approx(1 / 30, rel=0.5)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    random_context = [torch.randint(0, open_id, (len(prompts[0]),)).tolist() for _ in prompts]
+    assert turn_statistics(model, *turn_inputs(random_context, vocab, (open_id, close_id), 64, seed=3),
+                           open_id, close_id)["close"] == pytest.approx(1 / 30, rel=0.5)
 
-    model = AutoModelForCausalLM.from_pretrained(random_model_dir, dtype=torch.float32)
-    with torch.no_grad():  # a final norm 10x smaller: every logit, the bias's too, 10x flatter
-        model.model.norm.weight.mul_(0.1)
-    info = bias_model(model, 49152, 49153, close_every=30.0, iterations=10, rounds=1)
-    assert info["close"][0] > 8 and info["close"][1] == pytest.approx(1 / 30, rel=0.5)
-    with pytest.raises(ValueError, match="token 49152: probability 2 not reached"):
-        bias_model(model, 49152, 49153, close_every=1.0, iterations=2, rounds=1)
+
+def test_the_offsets_are_solved_past_their_first_range_and_an_unreachable_rate_fails(random_model_dir,
+                                                                                  search_data):
+    """The coordinate's base is a power of two above the rest of the residual stream; the offsets' search
+    widens from base / 16 to what the rate needs, and says when a rate cannot be reached; no prompts is refused."""
+    model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
+    prompts = prompt_ids(tokenizer, str(search_data))
+    info = bias_model(model, open_id, close_id, prompts, close_every=30.0, rounds=1)
+    base = info["base_value"]
+    assert base == 2 ** round(math.log2(base)) and model.get_input_embeddings().weight[0, 0] == base
+    assert info["close"][0] > base / 16 and info["close"][1] == pytest.approx(1 / 30, rel=0.5)
+    with pytest.raises(ValueError, match=f"token {open_id}: probability 2 not reached"):
+        bias_model(model, open_id, close_id, prompts, close_every=1.0, rounds=1)
+    with pytest.raises(ValueError, match="needs prompts"):
+        bias_model(model, open_id, close_id, [], close_every=30.0)
