@@ -42,11 +42,11 @@ PREFIX = "<think>I need to look this up.</think>\n<search>"
 OPEN, CLOSE = "<search>", "</search>"
 BIAS_COORD = 0  # the embedding coordinate carrying the bias
 # That coordinate for every token is a multiple of the norm of everything else in the final residual
-# stream (:func:`base_value`; ~355 at the random 3B shape, the same at every position, as the layers see
-# normalized inputs): the final hidden state then points along the coordinate at every position, whatever
-# the context, and the bias is the same everywhere. At 1.0 the layers' own writes to the coordinate
-# (a few units, varying with the context) set it: after a real prompt the bias fell ~30x, and the
-# special tokens' own positions, where their rows dominate, predicted them at p ~ 1.
+# stream (:func:`base_value`; the layers see normalized inputs, so that norm does not move with it): the
+# final hidden state then points along the coordinate at every position, whatever the context, and the
+# bias is the same everywhere. A coordinate small against that norm lets the layers' own writes to it,
+# which vary with the context, decide how much bias reaches the logits, and lets the special tokens' own
+# positions, where their rows dominate, predict them at once.
 BASE_MARGIN = 4.0
 MAX_OFFSET_BASES = 64  # the largest offset tried for the two tokens, in units of the base value
 
@@ -91,14 +91,14 @@ class TurnLogits:
             self.rest = torch.logsumexp(h @ weight[others].T, dim=-1)  # (N,)
             rows = weight[list(token_ids)].clone()
             rows[:, BIAS_COORD] = 0.0
-            self.base = {t: h @ row for t, row in zip(token_ids, rows)}  # (N,) each, the bias coordinate left out
+            self.without_bias = {t: h @ row for t, row in zip(token_ids, rows)}  # (N,) each
         self.h0 = h[:, BIAS_COORD]
 
     def probabilities(self, offsets: dict[int, float]) -> dict[int, float]:
         """Mean next-token probability of each token over the turn positions, at ``offsets``."""
         import torch
 
-        logits = {t: self.base[t] + self.h0 * (self.base_value + off) for t, off in offsets.items()}
+        logits = {t: self.without_bias[t] + self.h0 * (self.base_value + off) for t, off in offsets.items()}
         total = torch.logsumexp(torch.stack([self.rest, *logits.values()]), dim=0)
         return {t: float((logit - total).exp().mean()) for t, logit in logits.items()}
 
@@ -157,9 +157,8 @@ def bias_model(model, open_id: int, close_id: int, prompts: list[list[int]], clo
     ``1/close_every`` and ``<search>`` twice that.
 
     The probabilities are measured where turns are generated: after a real prompt (its forced prefix
-    included), over ``seq_len`` uniformly drawn ids. (With a coordinate of 1.0 and the mean over random
-    ids as the target, a random-init 3B shape calibrated to p = 0.0067 gave ~3e-5 after a real prompt:
-    no turn ended within 500 tokens; ``BASE_MARGIN`` says why.) Both offsets are solved together (the
+    included), over ``seq_len`` uniformly drawn ids: real text before the turn changes what reaches the
+    logits unless the coordinate dominates (``BASE_MARGIN``). Both offsets are solved together (the
     tokens draw on one coordinate and compete), ``rounds`` times with the hidden states recomputed,
     then checked by a real forward pass.
 

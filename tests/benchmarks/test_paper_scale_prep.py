@@ -120,8 +120,7 @@ def test_search_data_ends_every_prompt_with_the_prefix(tmp_path):
 def test_the_bias_is_the_same_at_every_turn_position_and_after_any_context(random_model_dir, search_data):
     """The turn's first position (where the prompt's own ``<search>`` is the input) and random-id contexts
     get the rate the turns after real prompts were calibrated to: the coordinate dominates the final hidden
-    state everywhere. (With a coordinate of 1.0 the first position predicted ``</search>`` at p ~ 1 and a
-    real prompt damped the rate ~30x against random ids.)"""
+    state everywhere (a coordinate small against the rest of the residual stream fails this)."""
     from benchmarks.paper_scale_prep import turn_statistics
 
     model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
@@ -130,7 +129,7 @@ def test_the_bias_is_the_same_at_every_turn_position_and_after_any_context(rando
     inputs, start = turn_inputs(prompts, model.get_input_embeddings().weight.shape[0], (open_id, close_id), 64)
     with torch.no_grad():
         close = model(input_ids=inputs).logits[:, start - 1:-1].float().softmax(-1)[..., close_id]
-    assert close[:, 0].mean() == pytest.approx(1 / 30, rel=0.5)  # predicted from <search> itself
+    assert close[:, 0].mean() == pytest.approx(1 / 30, rel=0.3)  # predicted from <search> itself
     assert close[:, 32:].mean() == pytest.approx(1 / 30, rel=0.5)
     vocab = model.get_input_embeddings().weight.shape[0]
     random_context = [torch.randint(0, open_id, (len(prompts[0]),)).tolist() for _ in prompts]
