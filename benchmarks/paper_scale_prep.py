@@ -8,12 +8,13 @@ multi-turn context ever forms, forced ``<search>`` prefix or not. ``model`` ther
 1. adds ``<search>`` and ``</search>`` to the (borrowed) tokenizer as single tokens and drops its chat
    template (prompts are raw text, as for Search-R1's base-model runs), and
 2. biases the random weights so that, in the turns that follow the data's prompts, ``</search>`` is
-   sampled with probability ~``1/close_every`` and ``<search>`` with ~twice that: one embedding
-   coordinate is set to a large constant for every token (so the final hidden state points along it
-   at every position) and raised further for the two tokens. With tied embeddings that raises exactly
-   those two logits, by the same amount wherever the turn is. The offsets are solved in closed form
-   from the final hidden states of real prompts followed by uniformly drawn ids (:class:`TurnLogits`),
-   then checked by a forward pass.
+   sampled with probability ~``1/close_every`` and ``<search>`` with ~twice that: the first layer's
+   attention writes a large constant into one residual coordinate at every position (a value channel
+   whose weights are zero and whose bias is one, read by one output-projection entry), so the final
+   hidden state points along that coordinate whatever the context, and the two tokens' output-embedding
+   rows get an entry there (every other row's is zero), which raises exactly their two logits, by the same amount wherever the turn
+   is. The offsets are solved in closed form from the final hidden states of real prompts followed by
+   uniformly drawn ids (:class:`TurnLogits`), then checked by a forward pass.
 
 Turns then end after ~``close_every`` tokens with a ``</search>``; the first turn, opened by the
 forced prefix, is a valid search, later ones are valid when ``<search>`` came first (~2/3), else
@@ -40,15 +41,18 @@ sys.path.insert(0, str(REPO))
 
 PREFIX = "<think>I need to look this up.</think>\n<search>"
 OPEN, CLOSE = "<search>", "</search>"
-BIAS_COORD = 0  # the embedding coordinate carrying the bias
-# That coordinate for every token is a multiple of the norm of everything else in the final residual
-# stream (:func:`base_value`; the layers see normalized inputs, so that norm does not move with it): the
-# final hidden state then points along the coordinate at every position, whatever the context, and the
-# bias is the same everywhere. A coordinate small against that norm lets the layers' own writes to it,
-# which vary with the context, decide how much bias reaches the logits, and lets the special tokens' own
-# positions, where their rows dominate, predict them at once.
+BIAS_COORD = 0  # the residual coordinate carrying the bias
+VALUE_CHANNEL = 0  # the first layer's value channel (of its first key/value head) that writes it
+# That coordinate is a multiple of the norm of everything else in the final residual stream
+# (:func:`base_value`): the final hidden state then points along it at every position, whatever the
+# context, and the bias is the same everywhere. A coordinate small against that norm lets the layers' own
+# writes to it, which vary with the context, decide how much bias reaches the logits.
+# Every weight that carries the bias is of order 0.1 or more (the final norm's weight on the coordinate
+# stays 1, the tokens' entries are their logit offsets over ~sqrt(hidden)): AdamW moves each weight by ~lr a
+# step whatever its gradient, so a tiny weight in the path (e.g. a norm weight scaled down to keep
+# bfloat16 logits small) would let a few updates of a zero-reward run rescale every offset.
 BASE_MARGIN = 4.0
-MAX_OFFSET_BASES = 64  # the largest offset tried for the two tokens, in units of the base value
+MAX_OFFSET = 64.0  # the largest embedding entry tried for the two tokens
 
 
 def turn_inputs(prompts: list[list[int]], vocab: int, exclude: Sequence[int], seq_len: int,
@@ -73,16 +77,15 @@ def turn_inputs(prompts: list[list[int]], vocab: int, exclude: Sequence[int], se
 
 class TurnLogits:
     """The two tokens' probabilities at the turn positions of ``inputs`` as closed-form functions of
-    their offsets: the final (normed) hidden states ``h`` (N, H) are computed once, and with tied
-    embeddings a token's logit is ``h @ W[t]``, whose ``BIAS_COORD`` entry is ``base + offset``.
-    The hidden states depend on the offsets only through the prompts' own ``<search>`` (the forced
-    prefix): :func:`bias_model` recomputes them after each round.
+    their offsets: the final (normed) hidden states ``h`` (N, H) are computed once, and a token's logit
+    is ``h @ W[t]`` (``W`` the output embedding), whose ``BIAS_COORD`` entry is the offset; every other
+    token's entry there is zero. The hidden states depend on the offsets only through the prompts' own
+    ``<search>`` (the forced prefix): :func:`bias_model` recomputes them after each round.
     """
 
-    def __init__(self, model, inputs, start: int, token_ids: Sequence[int], base: float) -> None:
+    def __init__(self, model, inputs, start: int, token_ids: Sequence[int]) -> None:
         import torch
 
-        self.base_value = base
         with torch.inference_mode():
             h = model.base_model(input_ids=inputs).last_hidden_state[:, start - 1:-1].float().flatten(0, 1)
             weight = model.get_output_embeddings().weight.float()
@@ -98,7 +101,7 @@ class TurnLogits:
         """Mean next-token probability of each token over the turn positions, at ``offsets``."""
         import torch
 
-        logits = {t: self.without_bias[t] + self.h0 * (self.base_value + off) for t, off in offsets.items()}
+        logits = {t: self.without_bias[t] + self.h0 * off for t, off in offsets.items()}
         total = torch.logsumexp(torch.stack([self.rest, *logits.values()]), dim=0)
         return {t: float((logit - total).exp().mean()) for t, logit in logits.items()}
 
@@ -120,13 +123,42 @@ def _solve_offset(probability_of, token: int, target: float, limit: float, itera
     return (low + high) / 2
 
 
+def write_base(model, value: float) -> None:
+    """Make the first layer's attention add ``value`` to ``BIAS_COORD`` of the residual stream at every
+    position, and clear that coordinate everywhere else it is read or written: value channel
+    ``VALUE_CHANNEL`` of the first key/value head gets zero weights and bias 1 (attention averages it to
+    exactly 1 whatever the context), the output projection reads it only into the coordinate (``value``,
+    from the group's first head), the embeddings' entries there are zero (the two tokens' offsets are
+    written after this) and the final norm's weight on it is 1.
+
+    Raises:
+        ValueError: the first layer's value projection has no bias (Qwen2 models have one).
+    """
+    attn = model.base_model.layers[0].self_attn
+    config = model.config
+    if attn.v_proj.bias is None:
+        raise ValueError(f"{type(model).__name__}: the first layer's v_proj has no bias to write the search bias with")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    group = config.num_attention_heads // config.num_key_value_heads  # query heads reading the first kv head
+    columns = [head * head_dim + VALUE_CHANNEL for head in range(group)]
+    attn.v_proj.weight[VALUE_CHANNEL] = 0.0
+    attn.v_proj.bias[VALUE_CHANNEL] = 1.0
+    attn.o_proj.weight[:, columns] = 0.0
+    attn.o_proj.weight[BIAS_COORD, columns[0]] = value
+    model.get_input_embeddings().weight[:, BIAS_COORD] = 0.0
+    model.get_output_embeddings().weight[:, BIAS_COORD] = 0.0
+    model.base_model.norm.weight[BIAS_COORD] = 1.0
+
+
 def base_value(model, inputs, start: int) -> float:
     """``BASE_MARGIN`` x the largest norm of the final residual stream (the final norm's input) at the
-    turn positions of ``inputs``, the bias coordinate left out, rounded up to a power of two (exact in
-    bfloat16). The layers see normalized inputs, so that norm does not depend on the coordinate's value."""
+    turn positions of ``inputs``, the bias coordinate left out and written with 1 (:func:`write_base`),
+    rounded up to a power of two (exact in bfloat16). A larger coordinate only shrinks the rest: the layers
+    see normalized inputs, in which it then takes a larger share."""
     import torch
 
     seen = []
+    write_base(model, 1.0)
     hook = model.base_model.norm.register_forward_pre_hook(lambda _, args: seen.append(args[0].detach()))
     try:
         with torch.inference_mode():
@@ -153,14 +185,14 @@ def turn_statistics(model, inputs, start: int, open_id: int, close_id: int) -> d
 
 def bias_model(model, open_id: int, close_id: int, prompts: list[list[int]], close_every: float = 150.0,
                rounds: int = 3, batch: int = 4, seq_len: int = 128) -> dict:
-    """Set the embedding bias so that, in the turns of ``prompts``, ``</search>`` has mean probability
+    """Bias ``model`` so that, in the turns of ``prompts``, ``</search>`` has mean probability
     ``1/close_every`` and ``<search>`` twice that.
 
-    The probabilities are measured where turns are generated: after a real prompt (its forced prefix
-    included), over ``seq_len`` uniformly drawn ids: real text before the turn changes what reaches the
-    logits unless the coordinate dominates (``BASE_MARGIN``). Both offsets are solved together (the
-    tokens draw on one coordinate and compete), ``rounds`` times with the hidden states recomputed,
-    then checked by a real forward pass.
+    :func:`write_base` puts ``base_value`` (``BASE_MARGIN`` x the rest of the final residual stream) into
+    the bias coordinate at every position; the two tokens' output-embedding entries there are their
+    offsets. The probabilities are measured where turns are generated: after a real prompt (its forced
+    prefix included), over ``seq_len`` uniformly drawn ids. Both offsets are solved together (the tokens
+    compete), ``rounds`` times with the hidden states recomputed, then checked by a real forward pass.
 
     Args:
         prompts: token ids of prompts as the trainer renders them (the forced prefix at their end);
@@ -169,40 +201,31 @@ def bias_model(model, open_id: int, close_id: int, prompts: list[list[int]], clo
         ``{"open": (offset, probability), "close": (offset, probability), "base_value",
         "target_close_every", "expected_turn_tokens"}`` (the probabilities and turn length of the check).
     Raises:
-        ValueError: the embeddings are not tied (the bias needs both), no prompt is given, a
-            probability is out of reach, or the check finds ``</search>`` off its target by more
-            than 2x.
+        ValueError: no prompt is given, the first layer has no value bias, a probability is out of
+            reach, or the check finds ``</search>`` off its target by more than 2x.
     """
     import torch
 
-    if model.get_output_embeddings() is not None and \
-            model.get_output_embeddings().weight.data_ptr() != model.get_input_embeddings().weight.data_ptr():
-        raise ValueError("bias_model needs tied input/output embeddings (Qwen2.5-3B ties them)")
     if not prompts:
         raise ValueError("bias_model needs prompts: the turns' probabilities depend on them")
     targets = {open_id: 2.0 / close_every, close_id: 1.0 / close_every}
-    weight = model.get_input_embeddings().weight
-    device = weight.device
-    inputs, start = turn_inputs(prompts[:batch], weight.shape[0], (open_id, close_id), seq_len)
-    inputs = inputs.to(device)
+    output = model.get_output_embeddings().weight
+    inputs, start = turn_inputs(prompts[:batch], output.shape[0], (open_id, close_id), seq_len)
+    inputs = inputs.to(output.device)
     offsets = {open_id: 0.0, close_id: 0.0}
     with torch.no_grad():
-        weight[:, BIAS_COORD] = 1.0
         base = base_value(model, inputs, start)
-        weight[:, BIAS_COORD] = base
-        # The final norm's weight on the coordinate, so that it adds ~1 to every logit, not
-        # ~sqrt(hidden) x base: bfloat16 logits keep their resolution (a token's bias is then ~offset / base).
-        model.base_model.norm.weight[BIAS_COORD] = 1.0 / (weight.shape[1] ** 0.5 * base)
+        write_base(model, base)
         for _ in range(rounds):
             for token, offset in offsets.items():
-                weight[token, BIAS_COORD] = base + offset
-            turn = TurnLogits(model, inputs, start, (open_id, close_id), base)
+                output[token, BIAS_COORD] = offset
+            turn = TurnLogits(model, inputs, start, (open_id, close_id))
             for _ in range(4):  # each token solved with the other in place, to a fixed point
                 for token, target in targets.items():
                     offsets[token] = _solve_offset(lambda off, t=token: turn.probabilities({**offsets, t: off})[t],
-                                                   token, target, MAX_OFFSET_BASES * base)
+                                                   token, target, MAX_OFFSET)
         for token, offset in offsets.items():
-            weight[token, BIAS_COORD] = base + offset
+            output[token, BIAS_COORD] = offset
         check = turn_statistics(model, inputs, start, open_id, close_id)
     if not 0.5 <= check["close"] * close_every <= 2.0:
         raise ValueError(f"token {close_id}: probability {check['close']:.4g} in the turns after calibration, "

@@ -10,8 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from benchmarks.paper_scale_prep import (CLOSE, OPEN, PREFIX, TurnLogits, bias_model, make_search_data,
-                                         make_search_model, prompt_ids, turn_inputs)
+from benchmarks.paper_scale_prep import (BIAS_COORD, CLOSE, MAX_OFFSET, OPEN, PREFIX, TurnLogits, bias_model,
+                                         make_search_data, make_search_model, prompt_ids, turn_inputs,
+                                         turn_statistics, write_base)
 from benchmarks.shapes import Shape, build_random_model
 from search_r1.envs.search_r1.prompts import prompt_messages
 
@@ -59,26 +60,25 @@ def _biased_model(random_model_dir):
 def test_turn_probabilities_in_closed_form_match_a_forward_pass(random_model_dir, search_data):
     """The calibration's closed form (hidden states once, the two logits as functions of the offsets)
     gives what the biased model computes, in the contexts turns are generated in."""
-    from benchmarks.paper_scale_prep import BIAS_COORD
-
     model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
     prompts = prompt_ids(tokenizer, str(search_data))
     assert tokenizer.convert_ids_to_tokens(prompts[0][-1:]) == [OPEN] and len(prompts) == len(QUESTIONS)
     inputs, start = turn_inputs(prompts, model.get_input_embeddings().weight.shape[0], (open_id, close_id), 40)
     assert inputs.shape == (len(QUESTIONS), start + 40) and inputs[0, start - 1] == open_id
     assert not torch.isin(inputs[:, start:], torch.tensor([open_id, close_id])).any()
-    weight = model.get_input_embeddings().weight
+    weight = model.get_output_embeddings().weight
     with torch.no_grad():
-        weight[:, BIAS_COORD] = base = 8.0
-        turn = TurnLogits(model, inputs, start, (open_id, close_id), base)
-        offsets = {open_id: 3.0, close_id: 5.0}
+        write_base(model, 8.0)
+        turn = TurnLogits(model, inputs, start, (open_id, close_id))
+        offsets = {open_id: 0.4, close_id: 0.6}  # x sqrt(hidden) = 8: logits raised by ~3 and ~5
         for token, offset in offsets.items():
-            weight[token, BIAS_COORD] = base + offset
+            weight[token, BIAS_COORD] = offset
         probs = model(input_ids=inputs).logits[:, start - 1:-1].softmax(-1)
     # the hidden states saw the prompt's <search> without its offset: equal up to that token's influence
     got = turn.probabilities(offsets)
     assert got[close_id] == pytest.approx(float(probs[..., close_id].mean()), rel=0.05)
     assert got[open_id] == pytest.approx(float(probs[..., open_id].mean()), rel=0.05)
+    assert got[close_id] > 20 / weight.shape[0]  # the offsets count: far above a uniform draw
 
 
 def test_biased_model_closes_searches_at_the_calibrated_rate(random_model_dir, search_data, tmp_path):
@@ -121,8 +121,6 @@ def test_the_bias_is_the_same_at_every_turn_position_and_after_any_context(rando
     """The turn's first position (where the prompt's own ``<search>`` is the input) and random-id contexts
     get the rate the turns after real prompts were calibrated to: the coordinate dominates the final hidden
     state everywhere (a coordinate small against the rest of the residual stream fails this)."""
-    from benchmarks.paper_scale_prep import turn_statistics
-
     model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
     prompts = prompt_ids(tokenizer, str(search_data))
     bias_model(model, open_id, close_id, prompts, close_every=30.0)
@@ -139,15 +137,43 @@ def test_the_bias_is_the_same_at_every_turn_position_and_after_any_context(rando
 
 def test_the_offsets_are_solved_past_their_first_range_and_an_unreachable_rate_fails(random_model_dir,
                                                                                   search_data):
-    """The coordinate's base is a power of two above the rest of the residual stream; the offsets' search
-    widens from base / 16 to what the rate needs, and says when a rate cannot be reached; no prompts is refused."""
+    """The coordinate's base is a power of two above the rest of the residual stream, written by the first
+    layer's attention; the offsets' search widens from its first range to what the rate needs, and says
+    when a rate cannot be reached; no prompts, or no value bias to write the base with, is refused."""
     model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
     prompts = prompt_ids(tokenizer, str(search_data))
     info = bias_model(model, open_id, close_id, prompts, close_every=30.0, rounds=1)
     base = info["base_value"]
-    assert base == 2 ** round(math.log2(base)) and model.get_input_embeddings().weight[0, 0] == base
-    assert info["close"][0] > base / 16 and info["close"][1] == pytest.approx(1 / 30, rel=0.5)
+    assert base == 2 ** round(math.log2(base)) and model.model.layers[0].self_attn.o_proj.weight[0, 0] == base
+    assert info["close"][0] > MAX_OFFSET / 2 ** 10 and info["close"][1] == pytest.approx(1 / 30, rel=0.5)
     with pytest.raises(ValueError, match=f"token {open_id}: probability 2 not reached"):
         bias_model(model, open_id, close_id, prompts, close_every=1.0, rounds=1)
     with pytest.raises(ValueError, match="needs prompts"):
         bias_model(model, open_id, close_id, [], close_every=30.0)
+    model.model.layers[0].self_attn.v_proj.bias = None
+    with pytest.raises(ValueError, match="v_proj has no bias"):
+        bias_model(model, open_id, close_id, prompts, close_every=30.0)
+
+
+def test_the_bias_survives_updates_that_only_raise_the_entropy(random_model_dir, search_data):
+    """A zero-reward GRPO run's only gradient is the entropy bonus, and AdamW moves every weight by ~lr a
+    step whatever the gradient's size: the turn length must not depend on a weight small against lr
+    (a final-norm weight scaled down to 1 / (sqrt(hidden) x base) shrank every offset a few % a step)."""
+    model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
+    with torch.no_grad():  # a residual stream as loud as a deep model's (the base is then 128, not 2)
+        model.model.layers[-1].mlp.down_proj.weight.mul_(1000.0)
+    prompts = prompt_ids(tokenizer, str(search_data))
+    assert bias_model(model, open_id, close_id, prompts, close_every=30.0)["base_value"] >= 64
+    inputs, start = turn_inputs(prompts, model.get_input_embeddings().weight.shape[0], (open_id, close_id), 64)
+    before = turn_statistics(model, inputs, start, open_id, close_id)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    for _ in range(10):
+        log_probs = model(input_ids=inputs).logits[:, start - 1:-1].float().log_softmax(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+        optimizer.zero_grad()
+        (-entropy).backward()
+        optimizer.step()
+    after = turn_statistics(model, inputs, start, open_id, close_id)
+    # the norm-weight design kept 45% of the rate here
+    assert after["close"] == pytest.approx(before["close"], rel=0.05)
+    assert after["open"] == pytest.approx(before["open"], rel=0.05)
