@@ -12,9 +12,10 @@ multi-turn context ever forms, forced ``<search>`` prefix or not. ``model`` ther
    attention writes a large constant into one residual coordinate at every position (a value channel
    whose weights are zero and whose bias is one, read by one output-projection entry), so the final
    hidden state points along that coordinate whatever the context, and the two tokens' output-embedding
-   rows get an entry there (every other row's is zero), which raises exactly their two logits, by the same amount wherever the turn
-   is. The offsets are solved in closed form from the final hidden states of real prompts followed by
-   uniformly drawn ids (:class:`TurnLogits`), then checked by a forward pass.
+   rows get an entry there (every other row's is zero), which raises exactly their two logits, by the
+   same amount wherever the turn is. The offsets are solved in closed form from the final hidden
+   states of real prompts followed by uniformly drawn ids (:class:`TurnLogits`), then checked by a
+   forward pass.
 
 Turns then end after ~``close_every`` tokens with a ``</search>``; the first turn, opened by the
 forced prefix, is a valid search, later ones are valid when ``<search>`` came first (~2/3), else
@@ -152,13 +153,12 @@ def write_base(model, value: float) -> None:
 
 def base_value(model, inputs, start: int) -> float:
     """``BASE_MARGIN`` x the largest norm of the final residual stream (the final norm's input) at the
-    turn positions of ``inputs``, the bias coordinate left out and written with 1 (:func:`write_base`),
-    rounded up to a power of two (exact in bfloat16). A larger coordinate only shrinks the rest: the layers
-    see normalized inputs, in which it then takes a larger share."""
+    turn positions of ``inputs``, the bias coordinate left out, rounded up to a power of two (exact in
+    bfloat16). Measured with the coordinate written small (:func:`write_base` with 1): a larger one only
+    shrinks the rest, as the layers see normalized inputs, in which it then takes a larger share."""
     import torch
 
     seen = []
-    write_base(model, 1.0)
     hook = model.base_model.norm.register_forward_pre_hook(lambda _, args: seen.append(args[0].detach()))
     try:
         with torch.inference_mode():
@@ -214,6 +214,7 @@ def bias_model(model, open_id: int, close_id: int, prompts: list[list[int]], clo
     inputs = inputs.to(output.device)
     offsets = {open_id: 0.0, close_id: 0.0}
     with torch.no_grad():
+        write_base(model, 1.0)
         base = base_value(model, inputs, start)
         write_base(model, base)
         for _ in range(rounds):

@@ -158,7 +158,7 @@ def test_the_offsets_are_solved_past_their_first_range_and_an_unreachable_rate_f
 def test_the_bias_survives_updates_that_only_raise_the_entropy(random_model_dir, search_data):
     """A zero-reward GRPO run's only gradient is the entropy bonus, and AdamW moves every weight by ~lr a
     step whatever the gradient's size: the turn length must not depend on a weight small against lr
-    (a final-norm weight scaled down to 1 / (sqrt(hidden) x base) shrank every offset a few % a step)."""
+    (a final-norm weight scaled down by sqrt(hidden) x base would shrink every offset each step)."""
     model, tokenizer, (open_id, close_id) = _biased_model(random_model_dir)
     with torch.no_grad():  # a residual stream as loud as a deep model's (the base is then 128, not 2)
         model.model.layers[-1].mlp.down_proj.weight.mul_(1000.0)
@@ -174,6 +174,6 @@ def test_the_bias_survives_updates_that_only_raise_the_entropy(random_model_dir,
         (-entropy).backward()
         optimizer.step()
     after = turn_statistics(model, inputs, start, open_id, close_id)
-    # the norm-weight design kept 45% of the rate here
+    # a weight small against lr on the bias's path moves the rate by far more than 5% in 10 steps
     assert after["close"] == pytest.approx(before["close"], rel=0.05)
     assert after["open"] == pytest.approx(before["open"], rel=0.05)
