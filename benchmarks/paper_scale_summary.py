@@ -97,6 +97,13 @@ def _describe_model(folder: str, shape: str) -> str:
     return folder
 
 
+def _overrides(run_dir: Path) -> list[str] | None:
+    """The Hydra overrides the run was started with (``overrides.txt``, one a line, written by
+    ``paper_scale_train.sh``); None for a run without the file."""
+    listed = run_dir / "overrides.txt"
+    return listed.read_text().split("\n")[:-1] if listed.exists() else None
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs_dir", required=True, type=Path)
@@ -115,6 +122,7 @@ def main(argv=None) -> None:
         runs[metrics.parent.name] = {"model_shape": args.shape, "max_prompt_length": args.max_prompt_length,
                                      "train_batch_size": args.batch, "num_gpus": args.num_gpus,
                                      "model": _describe_model(args.model, args.shape), "retriever": args.retriever,
+                                     "overrides": _overrides(metrics.parent),
                                      **summarize_run(metrics, args.num_gpus)}
     # the host's speed as the report is written (right after the run): these machines are shared
     report = {"benchmark": "paper_scale_train", "meta": {**run_metadata(), "host_probe_ms": round(host_probe_ms(), 1)},

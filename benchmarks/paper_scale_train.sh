@@ -15,7 +15,8 @@
 # on 2 GPUs does each GPU's work of the 1-GPU run: weak scaling), MAX_TURNS (4; the paper uses 2-4),
 # RUN_TIMEOUT (1200 s per run), RETRIEVER (bm25: BM25 over example/corpus.jsonl, built here; scale: the
 # part-1 retriever, 10M synthetic e5 Flat vectors in fp16 on the same GPU, from benchmarks/device/retriever_scale.sh's /tmp/scale), GPU_MEM_UTIL (0.35: vLLM's
-# share; the scale retriever holds ~18 GB), MAX_MODEL_LEN, EXTRA (more overrides), MODEL + DATA (another
+# share; the scale retriever holds ~18 GB), MAX_MODEL_LEN, EXTRA (more overrides), VARIANT (a name for EXTRA: the
+# runs become <algo>_<VARIANT>, beside the plain ones in the report), MODEL + DATA (another
 # policy and data folder, e.g. the real SmolLM2 with its chat-template data:
 # MODEL=$(python3 -c 'from verl.utils.model_zoo import smollm2_dir; print(smollm2_dir())') DATA=/tmp/paper_data_src).
 set -uo pipefail
@@ -78,8 +79,9 @@ summarize() {  # the summary JSON and paper_scale.json's "train", rewritten afte
     --output "$summary" --into "$out/paper_scale.json" > /dev/null || true
 }
 run_algo() {  # name script extra-overrides...
-  local name=$1 script=$2; shift 2
+  local name=$1${VARIANT:+_$VARIANT} script=$2; shift 2
   echo "== $name: $shape ($model), $gpus GPU(s), batch $batch, max_prompt_length 4096, $steps steps =="
+  mkdir -p "$runs/$name" && printf '%s\n' "${common[@]}" "$@" > "$runs/$name/overrides.txt"  # for the report
   N_GPUS=$gpus BASE_MODEL="$model" DATA_DIR="$data" ROLLOUT_NAME=vllm \
     RETRIEVER_URL=http://127.0.0.1:8000/retrieve EXPERIMENT_NAME="paper-$name" CKPT_DIR="/tmp/ckpt-paper-$name-${gpus}gpu" \
     timeout -k 10 "${RUN_TIMEOUT:-1200}" bash "$script" "${common[@]}" trainer.log_dir="$runs/$name" "$@"

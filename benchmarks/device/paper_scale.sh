@@ -13,7 +13,7 @@
 # GPU, then on two, each GPU with the same share of the batch (the report's "scaling" compares them):
 #   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo GPU_COUNTS=1,2 bash benchmarks/device/paper_scale.sh
 # The start stage passes paper_scale_train.sh's own variables on (STEPS, ALGOS, BATCH, RETRIEVER, RUN_TIMEOUT,
-# GPU_MEM_UTIL, MAX_MODEL_LEN, EXTRA); GPU_COUNTS (1) lists its GPUS, each shape run for each in turn. Each poll's $OUT gets paper_scale.json (the committed report with the
+# GPU_MEM_UTIL, MAX_MODEL_LEN, EXTRA, VARIANT); GPU_COUNTS (1) lists its GPUS, each shape run for each in turn. Each poll's $OUT gets paper_scale.json (the committed report with the
 # runs so far under "train": it is rewritten after every run), the per-shape summaries, each run's metrics.jsonl
 # (metrics_<shape>_<algo>_metrics.jsonl) and the log's tail.
 set -uo pipefail
@@ -27,7 +27,8 @@ case "${STAGE:-poll}" in
     prepare_machine || exit 1
     ;;
   start)
-    mkdir -p "$work/results" && cp benchmarks/results/paper_scale.json "$work/results/"
+    # a second start on the same machine (another VARIANT) adds to the report the first one wrote
+    mkdir -p "$work/results" && cp -n benchmarks/results/paper_scale.json "$work/results/"
     run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
     runs="" SHAPES=${SHAPES:-qwen2.5-3b} GPU_COUNTS=${GPU_COUNTS:-1}
     for shape in ${SHAPES//,/ }; do

@@ -29,6 +29,9 @@ def test_figures_and_the_merge_into_the_report(tmp_path):
     _write_run(runs / "grpo", [_step(1, 300.0, 200.0, 2100, reserved=90.0), _step(2, 60.0, 20.0, 3900),
                                _step(3, 50.0, 18.0, 3500), _step(4, 70.0, 22.0, 3000)])
     _write_run(runs / "ppo", [_step(1, 320.0, 210.0), _step(2, 80.0, 30.0, prompt=1200, response=2000)])
+    # a VARIANT run: its own key, with the overrides it was started with
+    _write_run(runs / "grpo_ref_moved", [_step(1, 300.0, 200.0), _step(2, 55.0, 20.0)])
+    (runs / "grpo_ref_moved" / "overrides.txt").write_text("+recipe=paper_scale_one_gpu\nref.offload_policy=false\n")
     into = tmp_path / "paper_scale.json"
     into.write_text(json.dumps({"retriever": {"num_vectors": 10}, "train": {"qwen2.5-1.5b_grpo": {"steps": 3}}}))
     paper_scale_summary.main(["--runs_dir", str(runs), "--shape", "qwen2.5-3b", "--batch", "64",
@@ -43,7 +46,11 @@ def test_figures_and_the_merge_into_the_report(tmp_path):
     assert grpo["model_shape"] == "qwen2.5-3b" and grpo["max_prompt_length"] == 4096
     report = json.loads(into.read_text())
     assert report["retriever"] == {"num_vectors": 10}  # what the report held stays
-    assert set(report["train"]) == {"qwen2.5-1.5b_grpo", "qwen2.5-3b_grpo", "qwen2.5-3b_ppo"}
+    assert set(report["train"]) == {"qwen2.5-1.5b_grpo", "qwen2.5-3b_grpo", "qwen2.5-3b_ppo",
+                                    "qwen2.5-3b_grpo_ref_moved"}
+    assert report["train"]["qwen2.5-3b_grpo_ref_moved"]["overrides"] == [
+        "+recipe=paper_scale_one_gpu", "ref.offload_policy=false"]
+    assert report["train"]["qwen2.5-3b_grpo"]["overrides"] is None
     ppo = report["train"]["qwen2.5-3b_ppo"]
     assert ppo["meta"]["commit"] and ppo["figures"]["steps_measured"] == 1
     # a log without context_length/max gives only a bound, named as one
