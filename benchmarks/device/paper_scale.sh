@@ -28,7 +28,8 @@ case "${STAGE:-poll}" in
     ;;
   start)
     # a second start on the same machine (another VARIANT) adds to the report the first one wrote
-    mkdir -p "$work/results" && cp -n benchmarks/results/paper_scale.json "$work/results/"
+    mkdir -p "$work/results"
+    [ -f "$work/results/paper_scale.json" ] || cp benchmarks/results/paper_scale.json "$work/results/"
     run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
     runs="" SHAPES=${SHAPES:-qwen2.5-3b} GPU_COUNTS=${GPU_COUNTS:-1}
     for shape in ${SHAPES//,/ }; do

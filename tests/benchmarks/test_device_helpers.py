@@ -4,6 +4,7 @@ copy of the tree that a later call's fresh copy of the tree cannot touch."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,6 +99,13 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
     assert f"from {work / 'repo'}" in log  # in the snapshot, not the tree the next call re-copies
     assert {p.name for p in out.glob("paper_scale*.json")} == {
         "paper_scale.json", "paper_scale_train_qwen2.5-3b.json", "paper_scale_train_qwen2.5-1.5b.json"}
+    # a second start (another VARIANT) on the same machine adds to the report the first runs wrote
+    (work / "results" / "paper_scale.json").write_text('{"train": {"first": {}}}\n')
+    again = subprocess.run(driver, cwd=tree, env={**env, "STAGE": "start", "SHAPES": "qwen2.5-3b", "GPU_COUNTS": "1"},
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and not again.stderr, again.stderr
+    subprocess.run(driver, cwd=tree, env={**env, "STAGE": "poll", "WAIT_S": "30"}, capture_output=True, timeout=60)
+    assert json.loads((out / "paper_scale.json").read_text()) == {"train": {"first": {}}}
 
 
 def test_the_gpu_tests_driver_reports_pytests_outcome_and_its_junit_file(tmp_path):

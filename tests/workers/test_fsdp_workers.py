@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from verl.utils import fsdp_utils
 from verl.workers.fsdp_workers import ActorRolloutRefWorker, CriticWorker
 
 
@@ -36,7 +37,11 @@ def test_log_probs_ref_and_update(actor_worker, batch_factory, tiny_qwen_path):
     data = batch_factory(num_rows=6, seed=0)
     out = actor_worker.compute_log_prob(data)
     ref = actor_worker.compute_ref_log_prob(data)
-    # the reference is the same checkpoint before any update
+    # the reference is the same checkpoint before any update, stored in the dtype the actor computes in
+    # (bf16 on a GPU: no fp32 master copy for a frozen model; fp32 on a CPU-only machine)
+    compute = fsdp_utils.compute_dtype(actor_worker.config.actor.fsdp_config.mixed_precision)
+    assert {p.dtype for p in actor_worker.ref_module.parameters()} == {compute}
+    assert {p.dtype for p in actor_worker.actor_module.parameters()} == {torch.float32}
     torch.testing.assert_close(ref.batch["ref_log_probs"], out.batch["old_log_probs"], atol=1e-5, rtol=0)
     assert out.batch["entropys"].shape == data.batch["responses"].shape
     before = _full_params(actor_worker)

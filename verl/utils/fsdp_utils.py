@@ -318,6 +318,12 @@ def mixed_precision_policy(mixed_precision: str | None = None):
                                 cast_forward_inputs=True)
 
 
+def compute_dtype(mixed_precision: str | None = None) -> torch.dtype:
+    """The dtype a module sharded by :func:`apply_fsdp2` computes in: ``mixed_precision`` (default
+    bf16) on a GPU, fp32 on a CPU-only machine (:func:`mixed_precision_policy`)."""
+    return mixed_precision_policy(mixed_precision).param_dtype
+
+
 def apply_fsdp2(model: nn.Module, mesh=None, mixed_precision: Any = None, offload_policy: bool = False,
                 reshard_after_forward: bool = True) -> nn.Module:
     """Shard ``model`` in place with FSDP2: each decoder layer, then the root.

@@ -12,7 +12,8 @@ from verl.workers.rollout.config import RolloutConfig
 
 @dataclass(frozen=True)
 class RefFSDPConfig:
-    """FSDP2 placement of the frozen reference model (its compute dtype is the actor's)."""
+    """FSDP2 placement of the frozen reference model (stored and computed in the actor's compute dtype:
+    bf16 on a GPU by default)."""
 
     param_offload: bool = True
     """move the reference parameters to the CPU between uses, to the GPU for each forward (veRL's

@@ -250,9 +250,14 @@ class ActorRolloutRefWorker(_FSDPModelWorker):
             self.ref_module = None
             self.ref_policy = DataParallelPPOActor(self.config.actor, self.actor_module, layout=self.actor.layout)
             return
-        model = fsdp_utils.load_causal_lm(self.config.model, torch_dtype=torch.float32, trainable=False)
+        # A frozen model needs no fp32 master copy: stored in the dtype it computes in (the actor's), it
+        # gives the same numbers as an fp32 copy cast per layer, holds half the memory, and its offload
+        # (per layer or per phase) moves half the bytes between host and GPU.
+        mixed_precision = self.config.actor.fsdp_config.mixed_precision
+        model = fsdp_utils.load_causal_lm(self.config.model, torch_dtype=fsdp_utils.compute_dtype(mixed_precision),
+                                          trainable=False)
         self._maybe_compile_layers(model)
-        self.ref_module = self._shard(model, self.config.ref.fsdp_config, self.config.actor.fsdp_config.mixed_precision)
+        self.ref_module = self._shard(model, self.config.ref.fsdp_config, mixed_precision)
         self.ref_policy = DataParallelPPOActor(self.config.actor, self.ref_module, layout=self._layout(self.ref_module))
 
     def _init_rollout(self) -> None:
