@@ -13,6 +13,7 @@ from verl.trainer.main_ppo import parse_config
 from verl.trainer.ppo.config import PPOConfig, load_config
 from verl.trainer.ppo.run_plan import make_run_plan
 from verl.utils.config import ConfigError
+from verl.workers import batching
 
 from .helpers import search_r1_script
 
@@ -177,6 +178,11 @@ def test_verl_offload_keys_are_accepted_for_every_role():
     for fsdp in (paper.actor_rollout_ref.actor.fsdp_config, paper.critic.model.fsdp_config):
         assert (fsdp.param_offload, fsdp.offload_policy, fsdp.optimizer_offload) == (False, False, True)
     assert paper.actor_rollout_ref.ref.fsdp_config.offload_policy  # as in its measured runs
+    # its forward-only passes take 4x the update's token budget a micro-batch
+    node = paper.actor_rollout_ref
+    for name, pass_config in (("rollout", node.rollout), ("ref", node.ref)):
+        micro = batching.log_prob_batching(name, pass_config, node.actor, world_size=1)
+        assert micro.use_dynamic_bsz and micro.max_token_len == 4 * node.actor.ppo_max_token_len_per_gpu == 65536
 
 
 def test_engine_length_follows_the_data_budgets_and_a_short_one_is_rejected():
