@@ -190,7 +190,7 @@ def test_offload_moves_times_both_ways_of_moving_a_sharded_model(tmp_path):
         timings = report["methods"][method]
         assert len(timings["offload_s"]) == len(timings["load_s"]) == 2
         assert set(timings["first"]) == {"offload_s", "load_s"}
-        assert timings["median_round_trip_s"] == timings["median_offload_s"] + timings["median_load_s"] > 0
+        assert timings["median_round_trip_s"] == timings["median_offload_s"] + timings["median_load_s"] >= 0
     assert report["ratio_round_trip"] == (report["methods"]["pageable"]["median_round_trip_s"]
                                           / report["methods"]["pinned"]["median_round_trip_s"])
     assert report["meta"]["commit"] and report["host_probe_ms"] > 0
