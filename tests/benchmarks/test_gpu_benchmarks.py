@@ -177,20 +177,3 @@ def test_retriever_scale_benchmark_end_to_end_at_a_tiny_size(tmp_path):
     assert 0 < entries[("HNSW8", json.dumps({"efSearch": 64}))]["recall_at_10"] <= 1.0
     assert set(report["goals"]) >= {"start_cold_under_180_s", "qps_256_callers_at_least_2000"}
     assert "qps_256_callers_cpu" in report["extrapolated_21m"]
-
-
-def test_offload_moves_times_both_ways_of_moving_a_sharded_model(tmp_path):
-    """benchmarks/offload_moves.py on the tiny shape: every round trip timed for the baseline (pageable)
-    and param_offload's own moves (pinned), the module's bytes, and the ratio of the two."""
-    report = _run("offload_moves.py", tmp_path, "--shape", "tiny", "--repeats", "2")
-    from benchmarks.shapes import SHAPES, total_params
-
-    assert report["bytes"] == 4 * total_params(SHAPES["tiny"])  # fp32 parameters
-    for method in ("pageable", "pinned"):
-        timings = report["methods"][method]
-        assert len(timings["offload_s"]) == len(timings["load_s"]) == 2
-        assert set(timings["first"]) == {"offload_s", "load_s"}
-        assert timings["median_round_trip_s"] == timings["median_offload_s"] + timings["median_load_s"] >= 0
-    assert report["ratio_round_trip"] == (report["methods"]["pageable"]["median_round_trip_s"]
-                                          / report["methods"]["pinned"]["median_round_trip_s"])
-    assert report["meta"]["commit"] and report["host_probe_ms"] > 0

@@ -381,25 +381,14 @@ def offload_model(model: nn.Module) -> None:
     """Move ``model``'s parameters, gradients and buffers to the host and give the accelerator
     memory they held back to the driver (for the rollout engine).
 
-    From a GPU each tensor lands in page-locked host memory (a non-blocking copy to the host
-    allocates it from PyTorch's caching host allocator, which reuses the blocks move after move), so
-    this copy and the next :func:`load_model` run at the bus's full speed rather than through a
-    pageable staging buffer. Each copy is waited for before the next tensor's: ``FSDPModule._apply``
-    re-pads an unevenly sharded parameter from its host copy once every tensor has moved, and must
-    not read a buffer the transfer has not written yet.
+    The copy is blocking, into pageable memory. A non-blocking one (veRL's) would land in pinned
+    memory and make the next load asynchronous, but ``FSDPModule._apply`` re-pads an unevenly
+    sharded parameter with a host-side copy right after the transfer is queued, which could read
+    the pinned buffer before the transfer has written it.
     """
-    if not torch.cuda.is_available():
-        model.to("cpu")
-        return
-    stream = torch.cuda.current_stream()
-
-    def to_host(tensor: torch.Tensor) -> torch.Tensor:
-        moved = tensor.to("cpu", non_blocking=True)
-        stream.synchronize()
-        return moved
-
-    model._apply(to_host)
-    torch.cuda.empty_cache()
+    model.to("cpu")
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @contextlib.contextmanager
