@@ -121,6 +121,22 @@ def test_gpu_train_tiny(tmp_path):
     assert report["goals"]["tiny"]["actor_packed"]["over_baseline_same_ckpt"] > 0
 
 
+def test_offload_moves_tiny(tmp_path):
+    """Both ways make every round trip; the home is one buffer of exactly the module's tensors (the
+    parameters and the rotary buffer, each padded to the alignment) and page-locked on a GPU."""
+    from benchmarks.shapes import SHAPES, total_params
+
+    report = _run("offload_moves.py", tmp_path, "--shape", "tiny", "--round_trips", "3")
+    assert report["param_bytes"] == 4 * total_params(SHAPES["tiny"])
+    assert report["param_bytes"] < report["home_bytes"] < report["param_bytes"] + 2**20
+    assert report["home_page_locked"] is (report["device"] != "cpu")
+    for way in ("pageable", "home"):
+        entry = report["by_way"][way]
+        assert len(entry["round_trip_s"]) == 2  # the first round trip is warm-up
+        assert entry["round_trip_range_s"] == [min(entry["round_trip_s"]), max(entry["round_trip_s"])]
+    assert "ratio_round_trip" in report
+
+
 def test_cpu_packing_tiny(tmp_path):
     """The CPU packing benchmark (a CPU benchmark, checked here with the others) on a tiny batch."""
     report = _run("cpu_packing.py", tmp_path, "--rows", "2", "--prompt_len", "16", "--response_len", "16")

@@ -14,6 +14,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from verl.utils import fsdp_utils, optimizer_offload
+from verl.utils.host_buffer import local_shard
 
 
 class Block(nn.Module):
@@ -66,17 +67,17 @@ def _state(optimizer: torch.optim.Optimizer) -> dict[tuple[int, str], torch.Tens
 
 
 def _copy(state: dict) -> dict[tuple[int, str], torch.Tensor]:
-    return {k: optimizer_offload._local(v).clone() for k, v in state.items()}
+    return {k: local_shard(v).clone() for k, v in state.items()}
 
 
 def _storage(value: torch.Tensor) -> int:
-    return optimizer_offload._local(value).untyped_storage().data_ptr()
+    return local_shard(value).untyped_storage().data_ptr()
 
 
 def _assert_equal(state: dict, expected: dict) -> None:
     assert state.keys() == expected.keys()
     for key, value in state.items():
-        assert torch.equal(optimizer_offload._local(value).cpu(), expected[key].cpu()), key
+        assert torch.equal(local_shard(value).cpu(), expected[key].cpu()), key
 
 
 @pytest.fixture
@@ -100,7 +101,7 @@ def test_offload_puts_the_state_in_one_buffer_and_load_brings_it_back_bit_equal(
     offload.offload()
     offloaded = _state(optimizer)
     _assert_equal(offloaded, expected)
-    assert {_storage(offloaded[k]) for k in moved} == {offload._buffer.untyped_storage().data_ptr()}
+    assert {_storage(offloaded[k]) for k in moved} == {offload.buffer.tensor.untyped_storage().data_ptr()}
     assert all(offloaded[k] is before[k] for k in before.keys() - moved)  # left where it was
     for key in moved:
         value, old = offloaded[key], before[key]
@@ -114,26 +115,26 @@ def test_offload_puts_the_state_in_one_buffer_and_load_brings_it_back_bit_equal(
     offload.load()
     loaded = _state(optimizer)
     _assert_equal(loaded, expected)
-    assert all(loaded[k].device.type == DEVICE.type and not offload._holds(loaded[k]) for k in moved)
+    assert all(loaded[k].device.type == DEVICE.type and not offload.buffer.holds(local_shard(loaded[k])) for k in moved)
     assert all(_storage(loaded[k]) != _storage(offloaded[k]) for k in moved)
 
 
 def test_the_buffer_is_kept_across_steps_and_replaced_when_the_layout_changes(trained):
     model, optimizer, offload = trained
     offload.offload()
-    buffer = offload._buffer
+    buffer = offload.buffer.tensor
     offload.offload()  # already offloaded: nothing to copy
-    assert offload._buffer is buffer
+    assert offload.buffer.tensor is buffer
     offload.load()
     _step(model, optimizer, 2)
     expected = _copy(_state(optimizer))
     offload.offload()
-    assert offload._buffer is buffer and offload._buffer.data_ptr() == buffer.data_ptr()
+    assert offload.buffer.tensor is buffer and offload.buffer.tensor.data_ptr() == buffer.data_ptr()
     _assert_equal(_state(optimizer), expected)
 
     optimizer.load_state_dict(optimizer.state_dict())  # a checkpoint's load: same layout
     offload.offload()
-    assert offload._buffer is buffer
+    assert offload.buffer.tensor is buffer
     _assert_equal(_state(optimizer), expected)
 
     other = torch.optim.AdamW(model.parameters(), lr=1e-2)  # state for the head only
@@ -145,7 +146,7 @@ def test_the_buffer_is_kept_across_steps_and_replaced_when_the_layout_changes(tr
     expected = _copy(_state(optimizer))
     assert {index for index, _ in expected} == {6, 7}
     offload.offload()
-    assert offload._buffer is not buffer and offload._buffer.numel() < buffer.numel()
+    assert offload.buffer.tensor is not buffer and offload.buffer.tensor.numel() < buffer.numel()
     _assert_equal(_state(optimizer), expected)
 
 

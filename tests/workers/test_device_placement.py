@@ -46,41 +46,42 @@ def test_parameters_move_between_phases_with_param_offload_only(fsdp_config, mov
     assert _FSDPModelWorker._moves_parameters(fsdp_config) is moves
 
 
-class MoveRecorder(torch.nn.Linear):
-    """A module that records where ``.to`` sends it instead of going there."""
-
-    def __init__(self):
-        super().__init__(2, 2)
-        self.moves: list[torch.device] = []
-
-    def to(self, *args, **kwargs):
-        self.moves.append(torch.device(args[0]))
-        return self
+@pytest.fixture
+def moves(monkeypatch) -> list[tuple[str, torch.device | None]]:
+    """Where :func:`fsdp_utils.resident` sends a module: ``("load", device)`` / ``("offload", None)``,
+    recorded instead of made."""
+    record = []
+    monkeypatch.setattr(fsdp_utils, "load_model", lambda model, device: record.append(("load", device)))
+    monkeypatch.setattr(fsdp_utils, "offload_model", lambda model: record.append(("offload", None)))
+    return record
 
 
-def test_resident_loads_for_the_block_and_offloads_after_it_even_when_it_raises():
-    model, gpu = MoveRecorder(), torch.device("meta")  # any device that is not the host
+def test_resident_loads_for_the_block_and_offloads_after_it_even_when_it_raises(moves):
+    model, gpu = torch.nn.Linear(2, 2), torch.device("meta")  # any device that is not the host
     with fsdp_utils.resident(model, enabled=True, device=gpu):
-        assert model.moves == [gpu]
-    assert model.moves == [gpu, torch.device("cpu")]
-    model.moves.clear()
+        assert moves == [("load", gpu)]
+    assert moves == [("load", gpu), ("offload", None)]
+    moves.clear()
     with pytest.raises(RuntimeError, match="out of memory"):
         with fsdp_utils.resident(model, enabled=True, device=gpu):
             raise RuntimeError("out of memory")
-    assert model.moves == [gpu, torch.device("cpu")]
-    model.moves.clear()
+    assert moves == [("load", gpu), ("offload", None)]
+    moves.clear()
     with fsdp_utils.resident(model, enabled=False, device=gpu):
         pass
-    assert model.moves == []
+    assert moves == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the no-accelerator case")
-def test_resident_without_an_accelerator_leaves_the_module_where_it_is():
+def test_resident_without_an_accelerator_leaves_the_module_where_it_is(moves):
     assert fsdp_utils.accelerator() is None
-    model = MoveRecorder()
-    with fsdp_utils.resident(model, enabled=True):
+    with fsdp_utils.resident(torch.nn.Linear(3, 2), enabled=True):
         pass
-    assert model.moves == []
+    assert moves == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the no-accelerator case")
+def test_resident_without_an_accelerator_keeps_the_same_parameters_and_grads():
     model = torch.nn.Linear(3, 2)
     params = {name: (p, p.data_ptr()) for name, p in model.named_parameters()}
     with fsdp_utils.resident(model, enabled=True):

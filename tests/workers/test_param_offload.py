@@ -217,3 +217,94 @@ def test_the_engine_gets_its_weights_for_the_push_and_its_kv_cache_once_the_acto
     assert events == [("release", False, False), ("resume", True, True), ("push", False, True),
                       ("resume", False, False)]
     assert {"timing_s/weight_sync", "timing_s/rollout_wait", "timing_s/release_memory"} <= metrics.keys()
+
+
+class _Block(torch.nn.Module):
+    def __init__(self, width: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.linear(x))
+
+
+class _TiedModel(torch.nn.Module):
+    """Embedding and head share one weight (as tied LMs do), odd sizes (every slot needs alignment),
+    and a non-persistent buffer (as rotary embeddings keep)."""
+
+    _no_split_modules = ["_Block"]
+
+    def __init__(self, vocab: int = 13, width: int = 7):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, width)
+        self.blocks = torch.nn.ModuleList(_Block(width) for _ in range(2))
+        self.head = torch.nn.Linear(width, vocab, bias=False)
+        self.head.weight = self.embed.weight
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, width), persistent=False)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        x = self.embed(ids) * self.scale
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def _locals(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from verl.utils.host_buffer import local_shard
+
+    out = {name: local_shard(p) for name, p in model.named_parameters()}
+    out.update({f"{name}.grad": local_shard(p.grad) for name, p in model.named_parameters() if p.grad is not None})
+    out.update({f"buffer:{name}": b for name, b in model.named_buffers()})
+    return out
+
+
+def test_an_offloaded_module_lives_in_one_host_buffer_kept_from_move_to_move():
+    """Each parameter (the tied one once), gradient and buffer in its slot of one exact-size buffer
+    (page-locked on a GPU); the same buffer after every move back; values bit-equal through the
+    moves; a gradient that appears or goes changes the layout and so the buffer. Without a GPU
+    the move out is a fresh copy of every tensor on the host, so the copy into the home is real."""
+    from verl.utils.host_buffer import ALIGN_BYTES
+
+    torch.manual_seed(0)
+    model = fsdp_utils.apply_fsdp2(_TiedModel(), mixed_precision="fp32")
+    device = fsdp_utils.accelerator()
+
+    def move_out():  # to the GPU, or to new host storage standing in for one
+        if device is not None:
+            fsdp_utils.load_model(model, device)
+        else:
+            model._apply(lambda t: t.clone())
+
+    fsdp_utils.offload_model(model)
+    home = fsdp_utils._HOST_HOMES[model]
+    buffer = home.tensor
+    tensors = _locals(model)
+    assert len(tensors) == 1 + 2 * 2 + 1  # embed (= head), 2 blocks' weight and bias, the buffer
+    assert buffer.numel() == sum(-(-t.numel() * t.itemsize // ALIGN_BYTES) * ALIGN_BYTES for t in tensors.values())
+    assert all(home.holds(t) for t in tensors.values())
+    assert model.head.weight is model.embed.weight
+    if device is not None:
+        assert home.page_locked and all(t.is_pinned() for t in tensors.values())
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(2):
+        move_out()
+        assert not any(home.holds(t) for t in _locals(model).values())
+        ids = torch.arange(step, step + 6).remainder(13).view(2, 3)
+        model(ids.to(device or "cpu")).square().mean().backward()
+        fsdp_utils.offload_model(model)  # with the gradients: another layout
+        with_grads = home.tensor
+        assert with_grads is not buffer and all(home.holds(t) for t in _locals(model).values())
+        move_out()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        expected = {name: t.detach().cpu().clone() for name, t in _locals(model).items()}
+        fsdp_utils.offload_model(model)
+        buffer = home.tensor
+        now = _locals(model)
+        assert now.keys() == expected.keys() and all(home.holds(t) for t in now.values())
+        for name, tensor in now.items():
+            assert torch.equal(tensor, expected[name]), name
+        assert model.head.weight is model.embed.weight
+    fsdp_utils.offload_model(model)  # already home: nothing moves
+    assert home.tensor is buffer

@@ -25,6 +25,7 @@ import logging
 import math
 import os
 import socket
+import weakref
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -33,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 
 from verl.utils import varlen_attention
+from verl.utils.host_buffer import HostBuffer, local_shard, with_local
 
 logger = logging.getLogger(__name__)
 
@@ -371,9 +373,14 @@ def load_model(model: nn.Module, device: torch.device) -> None:
 
     An ``FSDPModule`` supports this: its ``_apply`` reshards first and re-registers the moved local
     shards afterwards, and DTensor parameters are swapped in place, so an optimizer built on them
-    keeps stepping the same objects.
+    keeps stepping the same objects. From the page-locked home :func:`offload_model` keeps, the
+    copies are asynchronous, ordered on the current stream before the phase's kernels.
     """
-    model.to(device)
+    model.to(device, non_blocking=True)
+
+
+# A module's home on the host between phases (param_offload): one exact-size buffer, kept from move to move.
+_HOST_HOMES: "weakref.WeakKeyDictionary[nn.Module, HostBuffer]" = weakref.WeakKeyDictionary()
 
 
 @torch.no_grad()
@@ -381,14 +388,57 @@ def offload_model(model: nn.Module) -> None:
     """Move ``model``'s parameters, gradients and buffers to the host and give the accelerator
     memory they held back to the driver (for the rollout engine).
 
-    The copy is blocking, into pageable memory. A non-blocking one (veRL's) would land in pinned
-    memory and make the next load asynchronous, but ``FSDPModule._apply`` re-pads an unevenly
-    sharded parameter with a host-side copy right after the transfer is queued, which could read
-    the pinned buffer before the transfer has written it.
+    Each tensor's local shard is copied into its slot of the module's home, one
+    :class:`~verl.utils.host_buffer.HostBuffer` (page-locked on a GPU) kept from move to move, so no
+    host memory is allocated per move and both directions are DMA (a plain ``model.to("cpu")`` faults
+    in fresh pageable memory every time and copies synchronously through a staging buffer). The copies
+    are waited for before ``FSDPModule._apply`` swaps the host tensors in, because it re-pads an
+    unevenly sharded parameter by reading its new local shard on the host. Such a parameter then lives
+    in the re-padded copy FSDP2 allocates until the next offload brings it home again. Tensors already
+    in the home stay where they are, so the first call (after the module is built) is the only one on
+    a CPU-only machine that copies anything.
     """
-    model.to("cpu")
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():  # the sharded parameters registered (the root stays unsharded after a forward)
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    entries = _home_entries(model)
+    home = _HOST_HOMES.get(model)
+    if home is None:
+        home = _HOST_HOMES[model] = HostBuffer(page_lock=torch.cuda.is_available())
+    if all(home.holds(local_shard(value)) for _, value in entries):
+        return
+    slots = home.slots((name, tuple(local_shard(value).shape), local_shard(value).dtype) for name, value in entries)
+    slot_of = {}
+    for (_, value), slot in zip(entries, slots):
+        local = local_shard(value)
+        if local.data_ptr() != slot.data_ptr():
+            slot.copy_(local, non_blocking=True)
+        slot_of[id(value)] = slot
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+    def home_view(t: torch.Tensor) -> torch.Tensor:
+        # A new tensor object each call: _apply swaps a gradient's contents with what this returns, and
+        # visits a tied weight (and its gradient) once per module that holds it.
+        return with_local(t, slot_of[id(t)].detach()) if id(t) in slot_of else t.to("cpu")
+
+    model._apply(home_view)
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def _home_entries(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``(name, tensor)`` of what :func:`offload_model` moves: each parameter (a tied one once), its
+    gradient when it has one, each buffer."""
+    entries = []
+    for name, param in model.named_parameters():
+        entries.append((name, param))
+        if param.grad is not None:
+            entries.append((f"{name}.grad", param.grad))
+    entries.extend((f"buffer:{name}", buffer) for name, buffer in model.named_buffers())
+    return entries
 
 
 @contextlib.contextmanager
