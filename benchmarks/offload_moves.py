@@ -2,9 +2,10 @@
 path before the page-locked home) against :func:`verl.utils.fsdp_utils.offload_model` /
 :func:`~verl.utils.fsdp_utils.load_model` (one exact-size page-locked buffer kept from move to move).
 
-A random-init model of ``--shape`` in fp32 (the actor's master weights), sharded by FSDP2 over a
-world of one, makes ``--round_trips`` round trips (host -> GPU -> host) each way, the two ways
-alternating so that both see the same machine; each round trip ends with the GPU synchronized.
+A random-init model of ``--shape`` in fp32 (the actor's master weights; ``--dtype bf16``: the
+reference), sharded by FSDP2 over a world of one, makes ``--round_trips`` round trips (host -> GPU ->
+host) each way, the two ways alternating so that both see the same machine; each round trip ends with
+the GPU synchronized.
 JSON ``offload_moves.json``: per way the round trips' seconds (median, range) and GB/s each way,
 ``ratio_round_trip`` (pageable median / home median; > 1: the home is faster) and a host-speed probe.
 On a CPU-only machine both ways move host to host (the smoke test: same code, no GPU figures).
@@ -81,6 +82,8 @@ def _ratio(pageable: list[tuple[float, float]], home: list[tuple[float, float]])
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", default="qwen2.5-3b", help="benchmarks/shapes.py name ('tiny' on a CPU)")
+    parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"],
+                        help="the module's storage dtype: fp32 (the actor's master weights) or bf16 (the reference)")
     parser.add_argument("--round_trips", type=int, default=5, help="round trips each way (the first is warm-up)")
     parser.add_argument("--out_dir", default=None, help="where offload_moves.json goes (default benchmarks/results)")
     args = parser.parse_args(argv)
@@ -88,7 +91,8 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"--round_trips must be >= 2 (one warm-up and one timed), got {args.round_trips}")
 
     device = fsdp_utils.accelerator() or torch.device("cpu")
-    model = fsdp_utils.apply_fsdp2(build_random_model(get_shape(args.shape), torch.float32, "cpu"),
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
+    model = fsdp_utils.apply_fsdp2(build_random_model(get_shape(args.shape), dtype, "cpu"),
                                    mixed_precision="bf16")
     fsdp_utils.offload_model(model)  # the module's home from now on, as the workers do after building it
     nbytes = sum(p.numel() * p.element_size() for p in model.parameters())
@@ -103,7 +107,8 @@ def main(argv: list[str] | None = None) -> dict:
     results = {name: _summary(runs[1:], nbytes) for name, runs in trips.items()}
     home = fsdp_utils._HOST_HOMES[model]
     report = {
-        "shape": args.shape, "device": str(device), "param_bytes": nbytes, "round_trips": args.round_trips,
+        "shape": args.shape, "dtype": args.dtype, "device": str(device), "param_bytes": nbytes,
+        "round_trips": args.round_trips,
         "host_probe_ms": [round(p, 2) for p in probes],
         "home_page_locked": home.page_locked, "home_bytes": home.tensor.numel(),
         "by_way": results,

@@ -126,8 +126,8 @@ def test_offload_moves_tiny(tmp_path):
     parameters and the rotary buffer, each padded to the alignment) and page-locked on a GPU."""
     from benchmarks.shapes import SHAPES, total_params
 
-    report = _run("offload_moves.py", tmp_path, "--shape", "tiny", "--round_trips", "3")
-    assert report["param_bytes"] == 4 * total_params(SHAPES["tiny"])
+    report = _run("offload_moves.py", tmp_path, "--shape", "tiny", "--round_trips", "3", "--dtype", "bf16")
+    assert report["param_bytes"] == 2 * total_params(SHAPES["tiny"])
     assert report["param_bytes"] < report["home_bytes"] < report["param_bytes"] + 2**20
     assert report["home_page_locked"] is (report["device"] != "cpu")
     for way in ("pageable", "home"):
