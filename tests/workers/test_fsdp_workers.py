@@ -57,10 +57,11 @@ def test_log_probs_ref_and_update(actor_worker, batch_factory, tiny_qwen_path):
     # the reference stays frozen
     ref_after = actor_worker.compute_ref_log_prob(data).batch["ref_log_probs"]
     torch.testing.assert_close(ref_after, ref.batch["ref_log_probs"], atol=0, rtol=0)
-    # the colocated engine received the new weights
+    # the colocated engine received the new weights, in its own dtype and on its own device (bf16 on a GPU)
     engine_state = actor_worker.rollout_engine.model.state_dict()
     for name in ["model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"]:
-        torch.testing.assert_close(engine_state[name], after[name], atol=0, rtol=0)
+        pushed = engine_state[name].cpu()
+        torch.testing.assert_close(pushed, after[name].to(pushed.dtype), atol=0, rtol=0)
 
 
 def test_generate_sequences(actor_worker):
