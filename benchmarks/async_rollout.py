@@ -375,8 +375,9 @@ def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> l
 
 def made_by(args) -> dict:
     """Where a section's figures came from: a merged report (``--merge_from``) holds sections of
-    several runs, each with its own commit, date and engine settings."""
-    return {"commit": run_metadata()["commit"], "date": time.strftime("%Y-%m-%d"),
+    several runs, each with its own commit, date, GPU (None on the CPU) and engine settings."""
+    meta = run_metadata()
+    return {"commit": meta["commit"], "date": time.strftime("%Y-%m-%d"), "gpu": (meta["gpu"] or {}).get("name"),
             **{k: getattr(args, k) for k in ("engine_process", "max_num_seqs", "gpu_memory_utilization")}}
 
 
@@ -458,10 +459,12 @@ HEADLINE_MODELS = ("qwen2.5-1.5b", "warm_start")
 
 def summarize(report: dict) -> dict:
     """The top-level ratios (sync time / async time) first, then the rest. The rollout ratios come
-    from the first of ``HEADLINE_MODELS`` that ran, else from the first model."""
+    from the first of ``HEADLINE_MODELS`` that ran, else from the first model; of a model's entries
+    in a merged report, from the newest (the last added)."""
     head = {}
     rank = {name: i for i, name in enumerate(HEADLINE_MODELS)}
-    entries = sorted(report["rollout"], key=lambda e: rank.get(e["model"], len(rank)))
+    newest_first = list(reversed(report["rollout"]))
+    entries = sorted(newest_first, key=lambda e: rank.get(e["model"], len(rank)))
     if entries:
         head["ratio_rollout_local"] = entries[0]["runs"]["local"]["ratio_sync_over_async"]
         head["ratio_rollout_latency"] = entries[0]["runs"]["latency"]["ratio_sync_over_async"]

@@ -35,6 +35,7 @@ def test_async_rollout_benchmark_reports_both_modes(tmp_path):
     # a merged report keeps each section's own commit and engine settings
     assert entry["made_by"]["commit"] == report["meta"]["commit"] != "unknown"
     assert entry["made_by"]["engine_process"] is False and entry["made_by"]["max_num_seqs"] is None
+    assert entry["made_by"]["gpu"] is None  # the CPU
     for retriever in ("local", "latency"):
         runs = entry["runs"][retriever]
         for mode in ("sync", "async"):
@@ -105,3 +106,6 @@ def test_top_level_rollout_ratios_are_the_1_5b_shapes():
                                                                                                        "qwen2.5-1.5b")
     head = async_rollout.summarize({"rollout": runs[:2]})
     assert head["ratio_rollout_model"] == "warm_start" and head["ratio_rollout_local"] == 0.7
+    # a merged report with the 1.5B shape measured twice: the newer entry (another engine setting) leads
+    head = async_rollout.summarize({"rollout": [*runs, entry("qwen2.5-1.5b", 1.05, 1.2)]})
+    assert (head["ratio_rollout_local"], head["ratio_rollout_latency"]) == (1.05, 1.2)
