@@ -39,8 +39,9 @@ warm start, else the first model; ``ratio_rollout_model`` names it), ``ratio_ste
 ``ratio_step_staleness_split`` (staleness 0 colocated / staleness 1 split). ``--engine_process`` puts vLLM's
 engine core in a process of its own for every rollout and step (``rollout.engine_process``), so the
 async tasks and the HTTP client no longer share an interpreter with the scheduler and the model.
-Each rollout entry and the step section record ``made_by`` (commit, date, engine settings): a report
-extended with ``--merge_from`` holds sections of several runs.
+Each rollout entry and the step section record ``made_by`` (commit, date, GPU, engine settings): a report
+extended with ``--merge_from`` holds sections of several runs; a model measured again (a repeat, another
+engine setting or GPU) gets an entry of its own beside the earlier ones, and the headline is its newest.
 """
 
 from __future__ import annotations
@@ -302,7 +303,7 @@ def rollout_section(args, servers: dict, work_dir: Path, report: dict) -> None:
                     for mode in ("sync", "async")}
             runs["ratio_sync_over_async"] = round(runs["sync"]["rollout_s"] / runs["async"]["rollout_s"], 3)
             entry["runs"][retriever_name] = runs
-        report["rollout"] = [e for e in report["rollout"] if e["model"] != name] + [entry]
+        report["rollout"].append(entry)
         save_report(args.report_name, summarize(report), args.out_dir, quiet=True)
         _shutdown(engine.engine if isinstance(engine, ForcedTurns) else engine)
         del engine

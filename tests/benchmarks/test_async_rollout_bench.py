@@ -24,14 +24,20 @@ def test_async_rollout_benchmark_reports_both_modes(tmp_path):
             "--max_tokens", "40", "--max_obs_length", "64", "--max_prompt_length", "1024", "--latency_ms", "20,60",
             "--answer_prob", "0",
             "--step_model", "none", "--out_dir", str(tmp_path)]
+    # an earlier report of the same model (another machine's, say): merged, it stays beside the new entry
+    earlier = {"model": "tiny", "made_by": {"commit": "earlier"},
+               "runs": {name: {"ratio_sync_over_async": 9.0} for name in ("local", "latency")}}
+    (tmp_path / "earlier.json").write_text(json.dumps({"rollout": [earlier]}))
+    args += ["--merge_from", str(tmp_path / "earlier.json")]
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "async_rollout.py"), *args], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "async_rollout.json").read_text())
     assert [key for key in report if key != "meta"][:3] == ["ratio_rollout_local", "ratio_rollout_latency",
                                                            "ratio_rollout_model"]
-    (entry,) = report["rollout"]
-    assert entry["model"] == "tiny" and entry["rows"] == 4
+    kept, entry = report["rollout"]
+    assert kept == earlier and entry["model"] == "tiny" and entry["rows"] == 4
+    assert report["ratio_rollout_local"] == entry["runs"]["local"]["ratio_sync_over_async"] != 9.0  # the newest
     # a merged report keeps each section's own commit and engine settings
     assert entry["made_by"]["commit"] == report["meta"]["commit"] != "unknown"
     assert entry["made_by"]["engine_process"] is False and entry["made_by"]["max_num_seqs"] is None
