@@ -49,8 +49,9 @@ step time and its split (``gen``, ``log_prob`` = old + reference log-probs (+ re
 whole-step tokens/s/GPU (prompt + response tokens over the step), searches a row (multi-turn), peak GPU
 memory of the whole device (``nvidia-smi``, sampled every second; the system's own allocator peak beside
 it), a host-speed probe before each run. Top level: ``ratio_step_vs_verl`` and ``ratio_step_vs_trl``
-(their step / ours, by configuration; goal >= 1.2 and >= 2) and ``ratio_memory_vs_verl`` / ``_vs_trl``
-(our peak / theirs; goal <= 1). Saved to ``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by
+(their step / ours, by configuration; goal >= 1.2 and >= 2), ``ratio_memory_vs_verl`` / ``_vs_trl``
+(our peak / theirs; goal <= 1) and ``ratio_generated_vs_verl`` / ``_vs_trl`` (our generated tokens a step /
+theirs: far from 1, the step ratio compares unequal work). Saved to ``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by
 the hold keeps what finished.
 """
 
@@ -171,8 +172,21 @@ def summarise(steps: list[dict], warmup: int) -> dict:
             "step_tokens_per_s_per_gpu": statistics.median(s["total_tokens"] / s["step_s"] for s in measured)}
 
 
+# the top-level ratios: name -> (figure, ours over the peer's?). Step time: the peer's over ours; memory and
+# the tokens generated a step (median; the work that varies with the policy): ours over the peer's, so that
+# a step ratio read beside a `generated` ratio far from 1 is seen to compare unequal work
+RATIOS = {"step": ("step_s", False), "memory": ("peak_gpu_memory_gib", True),
+          "generated": ("generated_tokens", True)}
+
+
+def ratio_block(results: dict, peers: tuple[str, ...] = ("verl", "trl")) -> dict:
+    """``ratio_<kind>_vs_<peer>`` for every kind of :data:`RATIOS` and every peer, by configuration."""
+    return {f"ratio_{kind}_vs_{peer}": ratios(results, peer, key, ours_over_peer)
+            for kind, (key, ours_over_peer) in RATIOS.items() for peer in peers}
+
+
 def ratios(results: dict, peer: str, key: str, ours_over_peer: bool) -> dict:
-    """By configuration: the peer's figure over ours (step time), or ours over the peer's (memory)."""
+    """By configuration: the peer's figure over ours (step time), or ours over the peer's (memory, work)."""
     out = {}
     for name, systems in results.items():
         ours, theirs = systems.get("ours", {}), systems.get(peer, {})
@@ -183,7 +197,9 @@ def ratios(results: dict, peer: str, key: str, ours_over_peer: bool) -> dict:
 
 
 def value_of(result: dict, key: str) -> float | None:
-    return result.get("median", {}).get("step_s") if key == "step_s" else result.get(key)
+    """A run's figure: a per-step median (``step_s``, ``generated_tokens``) or a run-wide one (peak memory)."""
+    median = result.get("median", {})
+    return median.get(key) if key in median else result.get(key)
 
 
 # ---- running ------------------------------------------------------------------------------------------
@@ -408,11 +424,7 @@ def main(argv=None) -> int:
 
 def report(results: dict, args) -> dict:
     """The JSON's body: ratios first, the configurations, the runs."""
-    return {"ratio_step_vs_verl": ratios(results, "verl", "step_s", False),
-            "ratio_step_vs_trl": ratios(results, "trl", "step_s", False),
-            "ratio_memory_vs_verl": ratios(results, "verl", "peak_gpu_memory_gib", True),
-            "ratio_memory_vs_trl": ratios(results, "trl", "peak_gpu_memory_gib", True),
-            "ratio_absent": absent_ratios(results),
+    return {**ratio_block(results), "ratio_absent": absent_ratios(results),
             "goal": "ratio_step_vs_verl >= 1.2 and ratio_step_vs_trl >= 2 on every configuration, ratio_memory_* <= 1",
             "configs": {name: config_record(CONFIGS[name], args) for name in results},
             "steps_per_run": args.steps, "warmup_steps": args.warmup, "results": results}

@@ -6,9 +6,10 @@ ONE hold, where ours and that peer ran back to back on the same machine.
 
 A configuration whose three runs do not fit one hold (``qwen1.5b``: ~13 minutes for ours alone) is run as
 ours + veRL in one hold and ours + TRL in another. For each configuration and peer the LAST hold on the
-command line where both ran enough measured steps (``enough_steps``) gives ``ratio_step_vs_<peer>`` and
-``ratio_memory_vs_<peer>``; ``pairs`` names that hold's file with the two runs' summaries (their per-step
-records, commands and log tails stay in the hold's own JSON); ``holds`` lists each input's file and meta.
+command line where both ran enough measured steps (``enough_steps``) gives ``ratio_step_vs_<peer>``,
+``ratio_memory_vs_<peer>`` and ``ratio_generated_vs_<peer>`` (the tokens the two steps generated); ``pairs`` names that
+hold's file with the two runs' summaries (their per-step records, commands and log tails stay in the hold's
+own JSON); ``holds`` lists each input's file and meta.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_peers_gpu import ratios  # noqa: E402
+from vs_peers_gpu import RATIOS, ratio_block  # noqa: E402
 
 PEERS = ("verl", "trl")
 # what a pair's run summary leaves out: bulky, and kept in the hold's own JSON
@@ -48,7 +49,7 @@ def paired(hold: dict, name: str, peer: str) -> dict | None:
 
 def merge(holds: list[tuple[str, dict]]) -> dict:
     """The merged report: per peer and configuration the ratios of the last hold that paired them."""
-    report = {f"ratio_{kind}_vs_{peer}": {} for kind in ("step", "memory") for peer in PEERS}
+    report = {f"ratio_{kind}_vs_{peer}": {} for kind in RATIOS for peer in PEERS}
     pairs: dict[str, dict[str, dict]] = {peer: {} for peer in PEERS}
     absent: dict[str, dict] = {}
     for label, hold in holds:
@@ -58,8 +59,8 @@ def merge(holds: list[tuple[str, dict]]) -> dict:
                 both = paired(hold, name, peer)
                 if both is None:
                     continue
-                report[f"ratio_step_vs_{peer}"].update(ratios(both, peer, "step_s", False))
-                report[f"ratio_memory_vs_{peer}"].update(ratios(both, peer, "peak_gpu_memory_gib", True))
+                for key, by_config in ratio_block(both, (peer,)).items():
+                    report[key].update(by_config)
                 pairs[peer][name] = {"hold": label, **{system: {k: v for k, v in run.items() if k not in DETAIL}
                                                         for system, run in both[name].items()}}
     goal = next((hold["goal"] for _, hold in reversed(holds) if "goal" in hold), None)

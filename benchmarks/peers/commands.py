@@ -46,6 +46,11 @@ VERL_FUSED_KERNELS = ("actor_rollout_ref.model.use_fused_kernels=true",
 # ours would otherwise sample with Search-R1's top_p 0.95 (another distribution, and a sort of the vocabulary
 # a decode step in vLLM's sampler)
 TEMPERATURE, TOP_P = 1.0, 1.0
+# the loss, the same in the three systems: no entropy bonus (veRL 0.9.1's default; TRL's GRPO loss has none).
+# Ours would otherwise add Search-R1's 0.001: while every reward is 0 (the `learning` warm start single-turn
+# scores none) it is the only gradient beside the KL's, and Adam's normalised steps made our policy's
+# responses grow ~5x in four steps (2026-12-06), a different workload from the peers'
+ENTROPY_COEFF = 0.0
 VERL_SKIP_OLD_LOG_PROBS = ("algorithm.rollout_correction.bypass_mode=true",
                            "actor_rollout_ref.rollout.calculate_log_probs=true")
 
@@ -116,6 +121,7 @@ def ours_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name:
             f"data.train_batch_size={cfg.prompts}", f"actor_rollout_ref.rollout.n={cfg.n}",
             f"actor_rollout_ref.actor.ppo_mini_batch_size={cfg.prompts}", f"actor_rollout_ref.actor.optim.lr={cfg.lr}",
             f"actor_rollout_ref.actor.ppo_max_token_len_per_gpu={cfg.max_token_len}",
+            f"actor_rollout_ref.actor.entropy_coeff={ENTROPY_COEFF}",
             f"actor_rollout_ref.rollout.gpu_memory_utilization={cfg.gpu_memory_utilization}",
             f"actor_rollout_ref.rollout.temperature={TEMPERATURE}", f"actor_rollout_ref.rollout.top_p={TOP_P}",
             f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
@@ -164,7 +170,7 @@ def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, nam
         f"actor_rollout_ref.model.enable_gradient_checkpointing={ckpt}",
         f"{actor}.optim.lr={cfg.lr}", f"{actor}.ppo_mini_batch_size={cfg.prompts}", f"{actor}.use_dynamic_bsz=true",
         f"{actor}.ppo_max_token_len_per_gpu={cfg.max_token_len}", f"{actor}.use_kl_loss=true",
-        f"{actor}.kl_loss_coef=0.001", f"{actor}.kl_loss_type=low_var_kl", f"{actor}.entropy_coeff=0",
+        f"{actor}.kl_loss_coef=0.001", f"{actor}.kl_loss_type=low_var_kl", f"{actor}.entropy_coeff={ENTROPY_COEFF}",
         f"{actor}.fsdp_config.param_offload=false", f"{actor}.fsdp_config.optimizer_offload=false",
         "actor_rollout_ref.ref.fsdp_config.param_offload=false",
         f"{rollout}.name=vllm", f"{rollout}.n={cfg.n}", f"{rollout}.tensor_model_parallel_size=1",

@@ -59,6 +59,8 @@ def test_our_command_passes_our_config_check_single_turn(name, tmp_path):
     assert config.actor_rollout_ref.rollout.n == cfg.n and config.data.max_response_length == cfg.max_response_length
     assert config.actor_rollout_ref.model.enable_gradient_checkpointing == cfg.gradient_checkpointing
     assert config.actor_rollout_ref.actor.use_kl_loss and config.actor_rollout_ref.actor.kl_loss_coef == 0.001
+    # the peers' loss: no entropy bonus (veRL's default, TRL has none), not Search-R1's 0.001
+    assert config.actor_rollout_ref.actor.entropy_coeff == commands.ENTROPY_COEFF == 0
     assert config.trainer.total_training_steps == 5 and config.reward_model.style == "em"
     # the peers' sampling (veRL's and TRL's defaults), not Search-R1's top_p 0.95
     assert (config.actor_rollout_ref.rollout.temperature, config.actor_rollout_ref.rollout.top_p) == (1.0, 1.0)
@@ -77,6 +79,7 @@ def test_our_search_command_passes_our_config_check_at_the_learning_recipes_roll
     assert config.data.train_batch_size == 64 and config.actor_rollout_ref.rollout.n == 8
     assert config.actor_rollout_ref.rollout.top_p == commands.TOP_P == 1.0
     assert config.actor_rollout_ref.actor.use_kl_loss and config.reward_model.style == "em"
+    assert config.actor_rollout_ref.actor.entropy_coeff == commands.ENTROPY_COEFF
     with pytest.raises(ValueError, match="retriever server's URL"):
         commands.ours_command(cfg, commands.Inputs("/m", Path("/d"), Path("/q")), 5, tmp_path, "search")
 
@@ -128,6 +131,7 @@ def test_verl_overrides_compose_strictly_in_verl_091s_config(verl_config_dir, na
     assert Path(config.reward.custom_reward_function.path) == ROOT / "benchmarks" / "peers" / "em_reward.py"
     assert list(config.trainer.logger) == ["console", "file"]
     assert (rollout.temperature, rollout.top_p) == (commands.TEMPERATURE, commands.TOP_P)
+    assert actor.entropy_coeff == commands.ENTROPY_COEFF and actor.kl_loss_coef == 0.001
 
 
 def test_verl_search_overrides_set_its_tool_agent_loop(verl_config_dir, tmp_path):
@@ -216,6 +220,10 @@ def test_each_systems_records_summarise_into_medians_and_ratios(tmp_path):
     assert bench.ratios(results, "verl", "step_s", False) == {"learning": round(11.0 / 7.0, 3)}
     assert bench.ratios(results, "trl", "step_s", False) == {}  # no TRL step measured: no ratio
     assert bench.ratios(results, "verl", "peak_gpu_memory_gib", True) == {"learning": 0.625}
+    # the tokens a step generated, ours over the peer's: medians 51,200 against 102,400
+    block = bench.ratio_block(results)
+    assert block["ratio_generated_vs_verl"] == {"learning": 0.5} and block["ratio_generated_vs_trl"] == {}
+    assert block["ratio_step_vs_verl"] == {"learning": round(11.0 / 7.0, 3)} and len(block) == 6
     assert bench.ours_records(tmp_path / "missing.jsonl", cfg) == [] and bench.summarise([], 1) == {"steps_measured": 0}
 
 

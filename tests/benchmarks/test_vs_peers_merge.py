@@ -15,13 +15,14 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import vs_peers_merge  # noqa: E402
 
 
-def hold_run(step_s: float, memory_gib: float, enough: bool = True) -> dict:
-    return {"median": {"step_s": step_s}, "peak_gpu_memory_gib": memory_gib, "enough_steps": enough}
+def hold_run(step_s: float, memory_gib: float, enough: bool = True, tokens: float | None = None) -> dict:
+    median = {"step_s": step_s} if tokens is None else {"step_s": step_s, "generated_tokens": tokens}
+    return {"median": median, "peak_gpu_memory_gib": memory_gib, "enough_steps": enough}
 
 
 def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
     a = {"meta": {"commit": "a"}, "goal": "g", "results": {
-        "qwen1.5b": {"ours": hold_run(150.0, 100.0), "verl": hold_run(300.0, 125.0)},
+        "qwen1.5b": {"ours": hold_run(150.0, 100.0, tokens=3e5), "verl": hold_run(300.0, 125.0, tokens=2e5)},
         "learning": {"ours": hold_run(3.0, 90.0), "trl": hold_run(9.0, 95.0, enough=False)}}}
     b = {"meta": {"commit": "b"}, "goal": "g", "ratio_absent": {"search": {"trl": "why"}}, "results": {
         "qwen1.5b": {"ours": hold_run(160.0, 100.0), "trl": hold_run(320.0, 110.0)}}}
@@ -35,6 +36,8 @@ def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
     # veRL's ratio against hold A's ours (150 s), TRL's against hold B's (160 s): never across holds
     assert merged["ratio_step_vs_verl"] == {"qwen1.5b": 2.0} and merged["ratio_step_vs_trl"] == {"qwen1.5b": 2.0}
     assert merged["ratio_memory_vs_verl"] == {"qwen1.5b": 0.8}
+    # the work of hold A's two steps (ours 1.5x veRL's tokens); hold B's runs state none: no ratio
+    assert merged["ratio_generated_vs_verl"] == {"qwen1.5b": 1.5} and merged["ratio_generated_vs_trl"] == {}
     assert {peer: {name: pair["hold"] for name, pair in by_name.items()} for peer, by_name in merged["pairs"].items()
             } == {"verl": {"qwen1.5b": "hold_a.json"}, "trl": {"qwen1.5b": "hold_b.json"}}
     assert merged["pairs"]["trl"]["qwen1.5b"]["ours"]["median"] == {"step_s": 160.0}
