@@ -51,8 +51,8 @@ memory of the whole device (``nvidia-smi``, sampled every second; the system's o
 it), a host-speed probe before each run. Top level: ``ratio_step_vs_verl`` and ``ratio_step_vs_trl``
 (their step / ours, by configuration; goal >= 1.2 and >= 2), ``ratio_memory_vs_verl`` / ``_vs_trl``
 (our peak / theirs; goal <= 1) and ``ratio_generated_vs_verl`` / ``_vs_trl`` (our generated tokens a step /
-theirs: far from 1, the step ratio compares unequal work). Saved to ``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by
-the hold keeps what finished.
+theirs: far from 1, the step ratio compares unequal work). Saved to ``<out_dir>/vs_peers_gpu.json`` after
+every run, so a run cut by the hold keeps what finished.
 """
 
 from __future__ import annotations
@@ -81,6 +81,7 @@ from common import PeakSampler, save_report  # noqa: E402
 from gpu_generation import host_probe_ms  # noqa: E402
 
 SYSTEMS = ("ours", "verl", "trl")
+PEERS = SYSTEMS[1:]
 RECORD_KEYS = ("step_s", "gen_s", "log_prob_s", "update_s", "weight_sync_s", "generated_tokens", "total_tokens",
                "memory_gib", "searches")
 
@@ -179,7 +180,7 @@ RATIOS = {"step": ("step_s", False), "memory": ("peak_gpu_memory_gib", True),
           "generated": ("generated_tokens", True)}
 
 
-def ratio_block(results: dict, peers: tuple[str, ...] = ("verl", "trl")) -> dict:
+def ratio_block(results: dict, peers: tuple[str, ...] = PEERS) -> dict:
     """``ratio_<kind>_vs_<peer>`` for every kind of :data:`RATIOS` and every peer, by configuration."""
     return {f"ratio_{kind}_vs_{peer}": ratios(results, peer, key, ours_over_peer)
             for kind, (key, ours_over_peer) in RATIOS.items() for peer in peers}

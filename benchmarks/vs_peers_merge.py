@@ -7,9 +7,9 @@ ONE hold, where ours and that peer ran back to back on the same machine.
 A configuration whose three runs do not fit one hold (``qwen1.5b``: ~13 minutes for ours alone) is run as
 ours + veRL in one hold and ours + TRL in another. For each configuration and peer the LAST hold on the
 command line where both ran enough measured steps (``enough_steps``) gives ``ratio_step_vs_<peer>``,
-``ratio_memory_vs_<peer>`` and ``ratio_generated_vs_<peer>`` (the tokens the two steps generated); ``pairs`` names that
-hold's file with the two runs' summaries (their per-step records, commands and log tails stay in the hold's
-own JSON); ``holds`` lists each input's file and meta.
+``ratio_memory_vs_<peer>`` and ``ratio_generated_vs_<peer>`` (the tokens the two steps generated); ``pairs``
+names that hold's file with the two runs' summaries (their per-step records, commands and log tails stay in
+the hold's own JSON); ``holds`` lists each input's file and meta.
 """
 from __future__ import annotations
 
@@ -20,9 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_peers_gpu import RATIOS, ratio_block  # noqa: E402
+from vs_peers_gpu import PEERS, RATIOS, ratio_block  # noqa: E402
 
-PEERS = ("verl", "trl")
 # what a pair's run summary leaves out: bulky, and kept in the hold's own JSON
 DETAIL = ("command", "log_tail", "steps", "v1_attempt", "out_of_memory_attempt")
 

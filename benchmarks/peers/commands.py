@@ -48,8 +48,8 @@ VERL_FUSED_KERNELS = ("actor_rollout_ref.model.use_fused_kernels=true",
 TEMPERATURE, TOP_P = 1.0, 1.0
 # the loss, the same in the three systems: no entropy bonus (veRL 0.9.1's default; TRL's GRPO loss has none).
 # Ours would otherwise add Search-R1's 0.001: while every reward is 0 (the `learning` warm start single-turn
-# scores none) it is the only gradient beside the KL's, and Adam's normalised steps made our policy's
-# responses grow ~5x in four steps (2026-12-06), a different workload from the peers'
+# scores none) it is the only gradient beside the KL's, Adam turns it into lr-sized steps, and our responses
+# lengthen while the peers' do not: a different workload (docs/benchmarks.md, "Against veRL and TRL")
 ENTROPY_COEFF = 0.0
 VERL_SKIP_OLD_LOG_PROBS = ("algorithm.rollout_correction.bypass_mode=true",
                            "actor_rollout_ref.rollout.calculate_log_probs=true")
