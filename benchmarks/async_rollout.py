@@ -28,15 +28,17 @@ drawn number of real tokens (log-normal, long-tailed, up to ``--max_tokens``), t
 ``<search> question </search>`` (or, with probability ``--answer_prob``, ``<answer>``) appended
 (benchmark-only; the trajectories exercise long multi-turn contexts with real decoding work).
 
-Steps (``step`` section): ``--step_steps`` GRPO steps of the real trainer (``scripts/quickstart.py``
-on the example data, the ``--step_model``) in each mode behind the latency proxy; the step time is
+Steps (``step``: a list of sections, one a run, each naming its ``recipe``): ``--step_steps`` GRPO steps
+of the real trainer (``scripts/quickstart.py`` on the example data, the ``--step_model``, with the
+``--step_recipe`` recipes stacked) in each mode behind the latency proxy; the step time is
 the mean ``timing_s/step`` after the first step (``step_s_range``: their min and max; ``per_step``: each
 step's split); a third run (``sync_staleness1``) rolls out each step's batch beside the previous
 step's update (``rollout.staleness=1``); ``split_staleness1`` (``--step_variants``, two GPUs) does the same
 with the engine on a GPU of its own (split pools: ``actor_rollout_ref.hybrid_engine=false``). Top-level ratios (sync time / async time): ``ratio_rollout_local`` and ``ratio_rollout_latency`` of the 1.5B shape (else the
-warm start, else the first model; ``ratio_rollout_model`` names it), ``ratio_step_latency``; and
-``ratio_step_staleness`` (sync step time at staleness 0 / at 1), and with split pools
-``ratio_step_staleness_split`` (staleness 0 colocated / staleness 1 split). ``--engine_process`` puts vLLM's
+warm start, else the first model; ``ratio_rollout_model`` names it), and of the newest step section
+without a recipe (the benchmark's own step shape): ``ratio_step_latency``, ``ratio_step_staleness``
+(sync step time at staleness 0 / at 1), and with split pools ``ratio_step_staleness_split``
+(staleness 0 colocated / staleness 1 split). ``--engine_process`` puts vLLM's
 engine core in a process of its own for every rollout and step (``rollout.engine_process``), so the
 async tasks and the HTTP client no longer share an interpreter with the scheduler and the model.
 Each rollout entry and the step section record ``made_by`` (commit, date, GPU, engine settings): a report
@@ -337,8 +339,9 @@ SPLIT_POOLS = ["trainer.backend=ray", "actor_rollout_ref.hybrid_engine=false", "
 
 
 STEP_KEYS = ("step", "timing_s/step", "timing_s/gen", "timing_s/tool", "timing_s/ref", "timing_s/old_log_prob",
-             "timing_s/update_actor", "timing_s/weight_sync", "timing_s/rollout_wait")
-"""the metrics kept per step: the step's split"""
+             "timing_s/update_actor", "timing_s/weight_sync", "timing_s/rollout_wait", "response_length/mean",
+             "perf/total_num_tokens")
+"""the metrics kept per step: the step's split, and its work (equal work makes the variants' times comparable)"""
 
 
 def step_overrides(model: str, variant: str, args, log_dir: Path, url: str) -> list[str]:
@@ -384,7 +387,8 @@ def made_by(args) -> dict:
 
 def step_section(args, proxy, work_dir: Path) -> dict:
     model = model_path(args.step_model, work_dir)
-    out = {"model": args.step_model, "prompts": args.step_batch_size, "n": args.step_n, "steps": args.step_steps,
+    out = {"model": args.step_model, "recipe": args.step_recipe, "prompts": args.step_batch_size, "n": args.step_n,
+           "max_turns": args.max_turns, "max_tokens": args.max_tokens, "steps": args.step_steps,
            "made_by": made_by(args)}
     for variant in step_variants(args):
         log_dir = work_dir / f"step_{variant}"
@@ -392,12 +396,13 @@ def step_section(args, proxy, work_dir: Path) -> dict:
                "--train-sources", "hotpotqa", "--test-sources", "hotpotqa", "--retriever-url", proxy.retrieve_url,
                *step_overrides(model, variant, args, log_dir, proxy.retrieve_url)]
         print("+ " + shlex.join(cmd), flush=True)
+        probe = host_probe_ms()
         subprocess.run(cmd, cwd=REPO, check=True)
         rows = [json.loads(line) for line in open(log_dir / "metrics.jsonl") if line.strip()]
         later = rows[1:] or rows
         out[variant] = {"step_s": round(sum(r["timing_s/step"] for r in later) / len(later), 2),
                         "step_s_range": [round(f(r["timing_s/step"] for r in later), 2) for f in (min, max)],
-                        "gen_s": round(sum(r["timing_s/gen"] for r in later) / len(later), 2),
+                        "gen_s": round(sum(r["timing_s/gen"] for r in later) / len(later), 2), "host_probe_ms": probe,
                         "per_step": [{k: r[k] for k in STEP_KEYS if k in r} for r in rows]}
     for key, (slow, fast) in STEP_RATIOS.items():
         if slow in out and fast in out:
@@ -433,7 +438,7 @@ def main(argv=None) -> dict:
     from search_r1.search.index_builder import build_bm25
 
     low, high = (float(x) for x in args.latency_ms.split(","))
-    report: dict = {"rollout": [], "weights": "warm_start/base: real SmolLM2; qwen*/tiny: random init"}
+    report: dict = {"rollout": [], "step": [], "weights": "warm_start/base: real SmolLM2; qwen*/tiny: random init"}
     if args.merge_from:
         earlier = json.loads(Path(args.merge_from).read_text())
         report.update({k: earlier[k] for k in ("rollout", "step") if k in earlier})
@@ -447,7 +452,7 @@ def main(argv=None) -> dict:
             try:
                 rollout_section(args, {"local": server, "latency": proxy}, work_dir, report)
                 if args.step_model != "none":
-                    report["step"] = step_section(args, proxy, work_dir)
+                    report["step"].append(step_section(args, proxy, work_dir))
             finally:
                 proxy.stop()
     save_report(args.report_name, summarize(report), args.out_dir)
@@ -461,7 +466,8 @@ HEADLINE_MODELS = ("qwen2.5-1.5b", "warm_start")
 def summarize(report: dict) -> dict:
     """The top-level ratios (sync time / async time) first, then the rest. The rollout ratios come
     from the first of ``HEADLINE_MODELS`` that ran, else from the first model; of a model's entries
-    in a merged report, from the newest (the last added)."""
+    in a merged report, from the newest (the last added). The step ratios come from the newest step
+    section without a ``recipe`` (a recipe's steps, e.g. the learning recipe's, are another shape)."""
     head = {}
     rank = {name: i for i, name in enumerate(HEADLINE_MODELS)}
     newest_first = list(reversed(report["rollout"]))
@@ -470,10 +476,11 @@ def summarize(report: dict) -> dict:
         head["ratio_rollout_local"] = entries[0]["runs"]["local"]["ratio_sync_over_async"]
         head["ratio_rollout_latency"] = entries[0]["runs"]["latency"]["ratio_sync_over_async"]
         head["ratio_rollout_model"] = entries[0]["model"]
+    own_shape = [section for section in report.get("step", []) if not section.get("recipe")]
     for top, key in (("ratio_step_latency", "ratio_sync_over_async"), ("ratio_step_staleness", "ratio_staleness0_over_1"),
                      ("ratio_step_staleness_split", "ratio_staleness0_over_split")):
-        if key in report.get("step", {}):
-            head[top] = report["step"][key]
+        if own_shape and key in own_shape[-1]:
+            head[top] = own_shape[-1][key]
     return {**head, **{k: v for k, v in report.items() if k not in head}}
 
 

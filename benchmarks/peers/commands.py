@@ -110,6 +110,10 @@ class Inputs:
     retriever_url: str | None = None
 
 
+SINGLE_TURN_ROLLOUT = ("actor_rollout_ref.rollout.mode=sync", "actor_rollout_ref.rollout.engine_process=false")
+"""our rollout for a single-turn configuration, over the learning recipe's async one"""
+
+
 def ours_command(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str) -> list[str]:
     """Our trainer (``scripts/quickstart.py``, as ``train_grpo.sh`` on a GPU calls it) with the learning
     recipe at ``cfg``'s sizes: single turn with no retriever, or our search rollout (:func:`ours_turn_overrides`)."""
@@ -143,7 +147,10 @@ def ours_turn_overrides(cfg: BenchConfig, inputs: Inputs) -> list[str]:
     """
     lengths = [f"data.max_start_length={cfg.max_prompt_length}", f"data.max_response_length={cfg.max_response_length}"]
     if not cfg.max_turns:
-        return ["max_turns=0", "do_search=false", *lengths, f"data.max_prompt_length={cfg.max_prompt_length}"]
+        # one generate call with no searches to overlap: the sync loop on the engine in this process
+        # (the learning recipe's async rollout pays off between searches)
+        return ["max_turns=0", "do_search=false", *lengths, f"data.max_prompt_length={cfg.max_prompt_length}",
+                *SINGLE_TURN_ROLLOUT]
     if not inputs.retriever_url:
         raise ValueError("a multi-turn configuration needs the retriever server's URL (Inputs.retriever_url)")
     return [f"max_turns={cfg.max_turns}", "do_search=true", f"retriever.url={inputs.retriever_url}",

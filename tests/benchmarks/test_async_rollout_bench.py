@@ -76,10 +76,17 @@ def test_step_variants_pass_the_trainers_checks(device, tmp_path):
     assert async_rollout.step_variants(args) == ["sync", "async", "sync_staleness1"]  # one GPU's by default
     with pytest.raises(SystemExit, match="unknown \\['split'\\]"):
         async_rollout.step_variants(async_rollout.parse_args(["--step_variants", "sync,split"]))
-    report = {"rollout": [], "step": {"ratio_sync_over_async": 0.9, "ratio_staleness0_over_1": 1.4,
-                                      "ratio_staleness0_over_split": 1.9}}
+    own = {"recipe": "", "ratio_sync_over_async": 0.9, "ratio_staleness0_over_1": 1.4, "ratio_staleness0_over_split": 1.9}
+    report = {"rollout": [], "step": [own]}
     assert list(async_rollout.summarize(report))[:3] == ["ratio_step_latency", "ratio_step_staleness",
                                                          "ratio_step_staleness_split"]
+    # a recipe's steps (another shape) stay in the list, not at the top; a newer own-shape section leads
+    recipe = {"recipe": "learning_gpu", "ratio_sync_over_async": 1.3}
+    head = async_rollout.summarize({"rollout": [], "step": [own, recipe]})
+    assert head["ratio_step_latency"] == 0.9 and head["step"] == [own, recipe]
+    assert async_rollout.summarize({"rollout": [], "step": [own, recipe, {**own, "ratio_sync_over_async": 1.1}]}
+                                   )["ratio_step_latency"] == 1.1
+    assert "ratio_step_latency" not in async_rollout.summarize({"rollout": [], "step": [recipe]})
     apart = async_rollout.parse_args(["--device", device, "--engine_process", "--max_num_seqs", "2560"])
     for variant in async_rollout.STEP_VARIANTS:
         cfg = parse_config(async_rollout.step_overrides("/models/x", variant, apart, tmp_path, "http://127.0.0.1:1"))

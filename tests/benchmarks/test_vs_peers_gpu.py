@@ -64,6 +64,9 @@ def test_our_command_passes_our_config_check_single_turn(name, tmp_path):
     assert config.trainer.total_training_steps == 5 and config.reward_model.style == "em"
     # the peers' sampling (veRL's and TRL's defaults), not Search-R1's top_p 0.95
     assert (config.actor_rollout_ref.rollout.temperature, config.actor_rollout_ref.rollout.top_p) == (1.0, 1.0)
+    # one generate call: the sync loop on an in-process engine, over the learning recipe's async rollout
+    rollout = config.actor_rollout_ref.rollout
+    assert (rollout.mode, rollout.engine_process) == ("sync", False)
 
 
 def test_our_search_command_passes_our_config_check_at_the_learning_recipes_rollout(tmp_path):
@@ -80,6 +83,8 @@ def test_our_search_command_passes_our_config_check_at_the_learning_recipes_roll
     assert config.actor_rollout_ref.rollout.top_p == commands.TOP_P == 1.0
     assert config.actor_rollout_ref.actor.use_kl_loss and config.reward_model.style == "em"
     assert config.actor_rollout_ref.actor.entropy_coeff == commands.ENTROPY_COEFF
+    # searches to overlap: the learning recipe's rollout, async with the engine core apart
+    assert (config.actor_rollout_ref.rollout.mode, config.actor_rollout_ref.rollout.engine_process) == ("async", True)
     with pytest.raises(ValueError, match="retriever server's URL"):
         commands.ours_command(cfg, commands.Inputs("/m", Path("/d"), Path("/q")), 5, tmp_path, "search")
 
