@@ -41,7 +41,7 @@ without a recipe (the benchmark's own step shape): ``ratio_step_latency``, ``rat
 (staleness 0 colocated / staleness 1 split). ``--engine_process`` puts vLLM's
 engine core in a process of its own for every rollout and step (``rollout.engine_process``), so the
 async tasks and the HTTP client no longer share an interpreter with the scheduler and the model.
-Each rollout entry and the step section record ``made_by`` (commit, date, GPU, engine settings): a report
+Each rollout entry and step section records ``made_by`` (commit, date, GPU, engine settings): a report
 extended with ``--merge_from`` holds sections of several runs; a model measured again (a repeat, another
 engine setting or GPU) gets an entry of its own beside the earlier ones, and the headline is its newest.
 """

@@ -82,7 +82,7 @@ def test_gpu_profile_is_the_learning_recipe(tmp_path):
     assert given == stacked
     assert (stacked.data.train_batch_size, stacked.actor_rollout_ref.rollout.n) == (64, 8)
     assert stacked.actor_rollout_ref.actor.optim.lr == 2e-5 and stacked.data.max_prompt_length == 2048
-    # issue 30: its rollout is async (the whole step 1.22-1.36x sync's), the engine core apart
+    # issue 30: its rollout is async, the engine core apart (the faster whole step at its shape)
     assert (stacked.actor_rollout_ref.rollout.mode, stacked.actor_rollout_ref.rollout.engine_process) == ("async", True)
     # staleness 1 stacked on it: the one-step-off recipe's front end serves the sync loop, which it sets
     lagged = parse_config(["+recipe=search_r1_grpo", "+recipe=learning_gpu", "+recipe=one_step_off_policy"])
