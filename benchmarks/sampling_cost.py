@@ -14,6 +14,10 @@ per-request seeds). Every request has ``ignore_eos`` and the same ``max_tokens``
 the same number of tokens (a stop string can end a row early: ``generated_tokens`` shows it; a random model
 rarely writes one).
 
+``rollout-<setting>`` is the trainer's request with one setting taken out (``rollout-stop``: the stop strings;
+``rollout-detokenize``: the stop strings and detokenization, which they need), so that settings that cost more
+together than apart show as the difference between ``rollout`` and one of these.
+
 Variants run round-robin ``--repeats`` times in one engine (the engine of ``verl.workers.rollout``, built as
 the trainer builds it). Reported per variant: tokens/s (median, min, max over the repeats) and
 ``slowdown`` = raw's median tokens/s / the variant's. JSON ``sampling_cost.json`` with the host-speed probe
@@ -37,11 +41,13 @@ from benchmarks.common import save_report  # noqa: E402
 from benchmarks.gpu_generation import host_probe_ms  # noqa: E402
 from search_r1.envs.search_r1.parsing import STOP_STRINGS  # noqa: E402
 
-VARIANTS = ("raw", "top_p", "seeded", "detokenize", "stop", "logprobs", "rollout")
-"""raw: temperature 1 alone; top_p: + nucleus 0.95 (Search-R1's rollout.top_p); seeded: + one seed a request
-(rollout.seed_per_request); detokenize: + incremental detokenization; stop: + the stop strings (which need
-it); logprobs: + the sampled token's log-prob (the trainer's rollout log-probs); rollout: all of them, as
-the trainer sends them"""
+SETTINGS = ("top_p", "seeded", "detokenize", "stop", "logprobs")
+"""top_p: nucleus 0.95 (Search-R1's rollout.top_p); seeded: one seed a request (rollout.seed_per_request);
+detokenize: incremental detokenization; stop: the stop strings (which need it); logprobs: the sampled token's
+log-prob (the trainer's rollout log-probs)"""
+VARIANTS = ("raw", *SETTINGS, "rollout", *(f"rollout-{s}" for s in SETTINGS))
+"""raw: temperature 1 alone; a setting's name: raw + that setting; rollout: all of them, as the trainer sends
+them; rollout-<setting>: the trainer's request without that setting"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,20 +74,38 @@ def request_params(variant: str, count: int, new_tokens: int):
     """vLLM ``SamplingParams`` of ``variant`` for ``count`` requests (a list when seeded: one seed each)."""
     from vllm import SamplingParams as VSamplingParams
 
-    from verl.workers.rollout.base import SamplingParams
-    from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine, per_request_seeds
+    from verl.workers.rollout.vllm_rollout import per_request_seeds
 
-    if variant == "rollout":
-        ours = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=new_tokens, stop=list(STOP_STRINGS), seed=0)
-        params = VLLMRolloutEngine.to_vllm_params(ours)
-        params.ignore_eos = True
-        return per_request_seeds(params, count, 0)
+    if variant.startswith("rollout"):
+        return per_request_seeds(trainer_request(new_tokens, without=variant.partition("-")[2]), count, 0)
     extra = {"top_p": {"top_p": 0.95}, "seeded": {"seed": 0}, "detokenize": {"detokenize": True},
              "stop": {"detokenize": True, "stop": list(STOP_STRINGS), "include_stop_str_in_output": True},
              "logprobs": {"logprobs": 0, "flat_logprobs": True}}.get(variant, {})
     params = VSamplingParams(temperature=1.0, max_tokens=new_tokens, ignore_eos=True,
                              **{"detokenize": False, **extra})
     return per_request_seeds(params, count, 0)
+
+
+def trainer_request(new_tokens: int, without: str = ""):
+    """The request the trainer's engine sends (``VLLMRolloutEngine.to_vllm_params`` of Search-R1's sampling,
+    seeded), every row decoding ``new_tokens``; ``without``: one of ``SETTINGS`` taken out of it."""
+    from vllm import SamplingParams as VSamplingParams
+
+    from verl.workers.rollout.base import SamplingParams
+    from verl.workers.rollout.vllm_rollout import VLLMRolloutEngine
+
+    ours = SamplingParams(temperature=1.0, top_p=0.95, max_tokens=new_tokens, stop=list(STOP_STRINGS), seed=0)
+    params = VLLMRolloutEngine.to_vllm_params(ours)
+    params.ignore_eos = True
+    if not without:
+        return params
+    fields = {name: getattr(params, name) for name in ("n", "temperature", "top_p", "top_k", "max_tokens", "stop",
+                                                       "include_stop_str_in_output", "seed", "logprobs",
+                                                       "flat_logprobs", "detokenize", "ignore_eos")}
+    removed = {"top_p": {"top_p": 1.0}, "seeded": {"seed": None}, "logprobs": {"logprobs": None},
+               "stop": {"stop": [], "include_stop_str_in_output": False},
+               "detokenize": {"stop": [], "include_stop_str_in_output": False, "detokenize": False}}[without]
+    return VSamplingParams(**{**fields, **removed})  # built anew: vLLM derives its stop-string buffer at init
 
 
 def one_run(llm, prompts, variant: str, new_tokens: int) -> dict:

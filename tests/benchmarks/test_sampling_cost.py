@@ -1,5 +1,6 @@
 """The sampling-cost benchmark's variants: each turns on one setting of the trainer's requests over the raw
-baseline, all decode the same number of tokens, and ``rollout`` is what the trainer's engine sends."""
+baseline, all decode the same number of tokens, ``rollout`` is what the trainer's engine sends and each
+``rollout-<setting>`` that request without one setting."""
 
 import sys
 from pathlib import Path
@@ -41,6 +42,29 @@ def test_rollout_is_the_trainers_request(monkeypatch):
     first = rollout[0]
     assert [p.seed for p in rollout] == [0, 1] and first.top_p == 0.95 and first.logprobs == 0
     assert first.stop == ["</search>", "</answer>"] and first.detokenize and first.ignore_eos
+
+
+def _settings(params):
+    return {"top_p": params.top_p, "seeded": params.seed is not None, "detokenize": params.detokenize,
+            "stop": (tuple(params.stop), params.include_stop_str_in_output), "logprobs": params.logprobs}
+
+
+def test_each_leave_one_out_is_the_trainers_request_without_that_setting(monkeypatch):
+    from verl.workers.rollout import vllm_rollout
+
+    monkeypatch.setattr(vllm_rollout, "_is_cpu_platform", lambda: False)
+    trainers = _one(sampling_cost.request_params("rollout", 2, 64))
+    rollout = _settings(trainers)
+    raw = _settings(sampling_cost.request_params("raw", 2, 64))
+    for setting in sampling_cost.SETTINGS:
+        params = sampling_cost.request_params(f"rollout-{setting}", 2, 64)
+        first = _one(params)
+        assert (first.max_tokens, first.ignore_eos, first.temperature, first.top_k) == (64, True, 1.0, trainers.top_k)
+        changed = {k for k, v in _settings(first).items() if v != rollout[k]}
+        # taking out detokenization takes out the stop strings, which need it
+        assert changed == ({"detokenize", "stop"} if setting == "detokenize" else {setting}), setting
+        assert all(_settings(first)[k] == raw[k] for k in changed)  # taken out = the raw baseline's value
+    assert [p.seed for p in sampling_cost.request_params("rollout-top_p", 3, 64)] == [0, 1, 2]
 
 
 def test_slowdown_is_raws_median_over_the_variants():
