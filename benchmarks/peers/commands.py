@@ -160,7 +160,7 @@ def ours_turn_overrides(cfg: BenchConfig, inputs: Inputs) -> list[str]:
 
 def verl_overrides(cfg: BenchConfig, inputs: Inputs, steps: int, work: Path, name: str, trainer: str = "v1") -> list[str]:
     """veRL 0.9.1's Hydra overrides of ``verl/trainer/config/ppo_trainer.yaml`` (keys checked against the
-    wheel's config by tests/benchmarks/test_vs_peers_gpu.py). ``trainer``: ``v1`` (veRL's default
+    wheel's config by tests/benchmarks/test_vs_peers_peer_code.py). ``trainer``: ``v1`` (veRL's default
     trainer, TransferQueue) or ``v0`` (its legacy ``RayPPOTrainer``, the fallback). Multi-turn: the rows
     of ``vs_peers_gpu.verl_search_row`` and :func:`verl_agent_loop_overrides`; the response budget is the
     whole row's."""
