@@ -16,7 +16,9 @@ rarely writes one).
 
 ``rollout-<setting>`` is the trainer's request with one setting taken out (``rollout-stop``: the stop strings;
 ``rollout-detokenize``: the stop strings and detokenization, which they need), so that settings that cost more
-together than apart show as the difference between ``rollout`` and one of these.
+together than apart show as the difference between ``rollout`` and one of these. ``rollout+logprob_text`` is
+the trainer's request answered as vLLM does by default, with the text of each log-prob token decoded, which
+the trainer's engine skips (``vllm_rollout.skip_logprob_token_text``).
 
 Variants run round-robin ``--repeats`` times in one engine (the engine of ``verl.workers.rollout``, built as
 the trainer builds it). Reported per variant: tokens/s (median, min, max over the repeats) and
@@ -45,9 +47,10 @@ SETTINGS = ("top_p", "seeded", "detokenize", "stop", "logprobs")
 """top_p: nucleus 0.95 (Search-R1's rollout.top_p); seeded: one seed a request (rollout.seed_per_request);
 detokenize: incremental detokenization; stop: the stop strings (which need it); logprobs: the sampled token's
 log-prob (the trainer's rollout log-probs)"""
-VARIANTS = ("raw", *SETTINGS, "rollout", *(f"rollout-{s}" for s in SETTINGS))
+VARIANTS = ("raw", *SETTINGS, "rollout", "rollout+logprob_text", *(f"rollout-{s}" for s in SETTINGS))
 """raw: temperature 1 alone; a setting's name: raw + that setting; rollout: all of them, as the trainer sends
-them; rollout-<setting>: the trainer's request without that setting"""
+them; rollout+logprob_text: that request with each log-prob token's text (vLLM's default); rollout-<setting>:
+the trainer's request without that setting"""
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -74,8 +77,12 @@ def request_params(variant: str, count: int, new_tokens: int):
     """vLLM ``SamplingParams`` of ``variant`` for ``count`` requests (a list when seeded: one seed each)."""
     from vllm import SamplingParams as VSamplingParams
 
-    from verl.workers.rollout.vllm_rollout import per_request_seeds
+    from verl.workers.rollout.vllm_rollout import LOGPROB_TEXT, per_request_seeds
 
+    if variant == "rollout+logprob_text":
+        params = trainer_request(new_tokens)
+        params.extra_args = {LOGPROB_TEXT: True}
+        return per_request_seeds(params, count, 0)
     if variant.startswith("rollout"):
         return per_request_seeds(trainer_request(new_tokens, without=variant.partition("-")[2]), count, 0)
     extra = {"top_p": {"top_p": 0.95}, "seeded": {"seed": 0}, "detokenize": {"detokenize": True},

