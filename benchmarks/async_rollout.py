@@ -16,7 +16,9 @@ local BM25 server over ``example/corpus.jsonl`` and (b) the same server behind
 ``benchmarks/latency_proxy.py`` (log-normal online-search latency, ``--latency_ms``). Reported per
 run: wall time, generated tokens/s, the engine's busy fraction (sync: time inside ``generate`` /
 wall; async: time with at least one request in the engine / wall), searches in flight (async: mean
-and peak; sync: the proxy's peak requests), turns and searches per row.
+and peak; sync: the proxy's peak requests), turns and searches per row; with ``--engine_stats``, the
+requests vLLM preempted (dropped from its KV cache and recomputed later) during the run.
+``--num_kv_blocks`` caps the KV cache, to see what a smaller cache (a larger model's) does to each mode.
 
 Models: ``warm_start`` is the SmolLM2-135M SFT warm start (``scripts/warm_start.py``, built and
 cached on first use) writing its own tags; ``base`` is SmolLM2 as shipped, every prompt opening
@@ -95,6 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--enforce_eager", action="store_true", help="vLLM without CUDA graphs (faster start)")
     p.add_argument("--max_num_seqs", type=int, default=None,
                    help="vLLM's running batch, sequences (default: vLLM's, 1,024 on an H200)")
+    p.add_argument("--engine_stats", action="store_true",
+                   help="vLLM's statistics on (disable_log_stats=False): each rollout records its preemptions")
+    p.add_argument("--num_kv_blocks", type=int, default=None,
+                   help="vLLM's KV cache in blocks (num_gpu_blocks_override; default: what memory allows)")
     p.add_argument("--engine_process", action="store_true",
                    help="vLLM's engine core in a process of its own (rollout.engine_process), both modes and steps")
     p.add_argument("--step_model", default="warm_start", help="model of the step runs (warm_start | base | none)")
@@ -239,7 +245,19 @@ def build_engine(path: str, tokenizer, args):
               args.gpu_memory_utilization, "kv_cache_space_gib": 2, "seed": args.seed,
               "enforce_eager": True if args.enforce_eager else None, "engine_process": args.engine_process,
               "max_num_seqs": args.max_num_seqs}
-    return build_rollout_engine(config, path, tokenizer)
+    extra = {"disable_log_stats": False} if args.engine_stats else {}
+    if args.num_kv_blocks:
+        extra["num_gpu_blocks_override"] = args.num_kv_blocks
+    return build_rollout_engine(config, path, tokenizer, extra_engine_kwargs=extra)
+
+
+def preemptions(engine) -> int | None:
+    """Requests vLLM has preempted so far (its ``vllm:num_preemptions`` counter; each one's KV cache is
+    dropped and recomputed when it is scheduled again); None when the engine keeps no statistics."""
+    llm = getattr(engine, "engine", engine).llm  # through ForcedTurns
+    if not getattr(llm.llm_engine, "log_stats", False):
+        return None
+    return int(sum(metric.value for metric in llm.get_metrics() if metric.name == "vllm:num_preemptions"))
 
 
 def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=None) -> dict:
@@ -257,6 +275,7 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
     if proxy:
         proxy.stats(reset=True)
     probe_ms = host_probe_ms()  # the host's speed beside each run (shared, noisy machines)
+    preempted = preemptions(engine)
     tic = time.perf_counter()
     out = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
     wall = time.perf_counter() - tic
@@ -274,6 +293,8 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
                       ("mean_requests_in_engine", "mean_requests_in_engine")):
         if key in timing:
             result[name] = round(timing[key], 2)
+    if preempted is not None:
+        result["preemptions"] = preemptions(engine) - preempted
     if proxy:
         after = proxy.stats()
         result["proxy_requests"] = after["requests"]
@@ -382,7 +403,7 @@ def made_by(args) -> dict:
     several runs, each with its own commit, date, GPU (None on the CPU) and engine settings."""
     meta = run_metadata()
     return {"commit": meta["commit"], "date": time.strftime("%Y-%m-%d"), "gpu": (meta["gpu"] or {}).get("name"),
-            **{k: getattr(args, k) for k in ("engine_process", "max_num_seqs", "gpu_memory_utilization")}}
+            **{k: getattr(args, k) for k in ("engine_process", "max_num_seqs", "gpu_memory_utilization", "num_kv_blocks")}}
 
 
 def step_section(args, proxy, work_dir: Path) -> dict:

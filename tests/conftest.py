@@ -1,5 +1,6 @@
 """Session-wide test settings: offline model loading, quiet tokenizers, shared real models."""
 
+import json
 import os
 import socket
 import subprocess
@@ -46,10 +47,33 @@ def embedded_evaluation(tmp_path_factory, smollm2_path):
     the example/ test sets, a BM25 retriever that evaluate.sh starts at the ``RETRIEVER_URL`` given and
     stops itself, the transformers engine.
 
+    Under pytest-xdist the two test files may run in different workers: the first to ask runs it in the
+    folder all workers share (the parent of each worker's base temp folder), the others wait on its
+    lock and read the recorded result.
+
     Returns ``(completed process, output folder, retriever url)``.
     """
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent
+    root = shared / "embedded_evaluation"
+    record = root / "result.json"
+    with FileLock(str(shared / "embedded_evaluation.lock")):
+        if not record.exists():
+            root.mkdir()
+            result, url = _run_embedded_evaluation(root, smollm2_path)
+            record.write_text(json.dumps({"args": result.args, "returncode": result.returncode,
+                                          "stdout": result.stdout, "stderr": result.stderr, "url": url}))
+    saved = json.loads(record.read_text())
+    result = subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"], saved["stderr"])
+    return result, root / "out", saved["url"]
+
+
+def _run_embedded_evaluation(root: Path, smollm2_path: str) -> tuple[subprocess.CompletedProcess, str]:
+    """Build a small warm start into ``root``'s own cache, then run evaluate.sh; (its process, the URL)."""
     repo = Path(__file__).resolve().parents[1]
-    root = tmp_path_factory.mktemp("evaluate")
     url = f"http://127.0.0.1:{_free_port()}/retrieve"
     env = {k: v for k, v in os.environ.items()
            if k not in ("DATA_DIR", "BASE_MODEL", "RETRIEVER_URL", "START_RETRIEVER", "CKPT_DIR")}
@@ -69,4 +93,4 @@ def embedded_evaluation(tmp_path_factory, smollm2_path):
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-5000:]
     result = subprocess.run(["bash", str(repo / "evaluate.sh"), "--max_per_source", "2", "--html"], cwd=repo,
                             env=env, capture_output=True, text=True, timeout=1500)
-    return result, root / "out", url
+    return result, url

@@ -19,10 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_async_rollout_benchmark_reports_both_modes(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": str(ROOT), "VLLM_CPU_KVCACHE_SPACE": "1"}
-    # --max_tokens 40: each turn decodes 8-24 real tokens, then gets its forced 16-32-token search tag
+    # --max_tokens 40: each turn decodes 8-24 real tokens, then gets its forced 16-32-token search tag;
+    # --num_kv_blocks 6 (~660 tokens) holds one 552-token row, not the four rows' ~1,200: vLLM must preempt
     args = ["--device", "cpu", "--models", "tiny", "--batch_size", "2", "--n", "2", "--max_turns", "2",
-            "--max_tokens", "40", "--max_obs_length", "64", "--max_prompt_length", "1024", "--latency_ms", "20,60",
-            "--answer_prob", "0",
+            "--max_tokens", "40", "--max_obs_length", "64", "--max_prompt_length", "512", "--latency_ms", "20,60",
+            "--answer_prob", "0", "--engine_stats", "--num_kv_blocks", "6",
             "--step_model", "none", "--out_dir", str(tmp_path)]
     # an earlier report of the same model (another machine's, say): merged, it stays beside the new entry
     earlier = {"model": "tiny", "made_by": {"commit": "earlier"},
@@ -41,7 +42,9 @@ def test_async_rollout_benchmark_reports_both_modes(tmp_path):
     # a merged report keeps each section's own commit and engine settings
     assert entry["made_by"]["commit"] == report["meta"]["commit"] != "unknown"
     assert entry["made_by"]["engine_process"] is False and entry["made_by"]["max_num_seqs"] is None
-    assert entry["made_by"]["gpu"] is None  # the CPU
+    assert entry["made_by"]["gpu"] is None and entry["made_by"]["num_kv_blocks"] == 6  # the CPU, the small cache
+    preempted = [entry["runs"][r][mode]["preemptions"] for r in ("local", "latency") for mode in ("sync", "async")]
+    assert all(isinstance(count, int) and count >= 0 for count in preempted) and sum(preempted) > 0, preempted
     for retriever in ("local", "latency"):
         runs = entry["runs"][retriever]
         for mode in ("sync", "async"):
