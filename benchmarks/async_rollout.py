@@ -403,7 +403,11 @@ def made_by(args) -> dict:
     several runs, each with its own commit, date, GPU (None on the CPU) and engine settings."""
     meta = run_metadata()
     return {"commit": meta["commit"], "date": time.strftime("%Y-%m-%d"), "gpu": (meta["gpu"] or {}).get("name"),
-            **{k: getattr(args, k) for k in ("engine_process", "max_num_seqs", "gpu_memory_utilization", "num_kv_blocks")}}
+            **{k: getattr(args, k) for k in ENGINE_SETTINGS}}
+
+
+ENGINE_SETTINGS = ("engine_process", "max_num_seqs", "gpu_memory_utilization", "num_kv_blocks", "engine_stats")
+"""the flags that change how the engine runs, recorded in each section's ``made_by``"""
 
 
 def step_section(args, proxy, work_dir: Path) -> dict:

@@ -43,6 +43,7 @@ def test_async_rollout_benchmark_reports_both_modes(tmp_path):
     assert entry["made_by"]["commit"] == report["meta"]["commit"] != "unknown"
     assert entry["made_by"]["engine_process"] is False and entry["made_by"]["max_num_seqs"] is None
     assert entry["made_by"]["gpu"] is None and entry["made_by"]["num_kv_blocks"] == 6  # the CPU, the small cache
+    assert entry["made_by"]["engine_stats"] is True
     preempted = [entry["runs"][r][mode]["preemptions"] for r in ("local", "latency") for mode in ("sync", "async")]
     assert all(isinstance(count, int) and count >= 0 for count in preempted) and sum(preempted) > 0, preempted
     for retriever in ("local", "latency"):
