@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,6 +63,7 @@ def embedded_evaluation(tmp_path_factory, smollm2_path):
     record = root / "result.json"
     with FileLock(str(shared / "embedded_evaluation.lock")):
         if not record.exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a worker whose run failed left
             root.mkdir()
             result, url = _run_embedded_evaluation(root, smollm2_path)
             record.write_text(json.dumps({"args": result.args, "returncode": result.returncode,
