@@ -79,7 +79,7 @@ def build_rollout(args):
                                   args.model, tokenizer)
     loop = LoopConfig(max_turns=args.max_turns, max_start_length=args.max_model_len // 2,
                       max_prompt_length=args.max_model_len - args.max_tokens,
-                      max_response_length=args.max_response_length, mode="sync")
+                      max_response_length=args.max_response_length, mode="sync", log_probs=False)
     retriever = None if args.no_search else RetrieverClient(args.retriever_url, topk=args.topk)
     env_class = {"search_r1": SearchR1Environment, "tool_call": ToolCallEnvironment}[args.env]
     env = env_class(tokenizer, SearchTool(retriever), args.max_obs_length)

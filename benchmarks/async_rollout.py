@@ -188,12 +188,13 @@ class ForcedTurns:
         length = min(length, params.max_tokens - len(tag))
         return (dataclasses.replace(params, max_tokens=length), tag) if length > 0 else (params, [])
 
-    def _close(self, out, tag, stop_str):
+    def _close(self, out, tag, stop_str, params):
         from verl.workers.rollout.base import RolloutOutput
 
         if out.finish_reason != "length" or not tag:
             return out
-        return RolloutOutput(out.token_ids + tag, out.log_probs + [0.0] * len(tag), "stop", stop_str)
+        log_probs = list(out.log_probs) + [0.0] * len(tag) if params.logprobs else []
+        return RolloutOutput(out.token_ids + tag, log_probs, "stop", stop_str)
 
     def generate(self, prompt_token_ids, params):
         from vllm.inputs import TokensPrompt
@@ -203,7 +204,7 @@ class ForcedTurns:
         llm = self.engine.llm
         requests = llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompt_token_ids],
                                 [self.engine.to_vllm_params(plan) for plan, _ in plans], use_tqdm=False)
-        return [self._close(self.engine._convert(r.outputs[0], plan), tag, self._stop(tag))
+        return [self._close(self.engine._convert(r.outputs[0], plan), tag, self._stop(tag), params)
                 for r, (plan, tag) in zip(requests, plans)]
 
     async def agenerate(self, prompt_token_ids, params):
@@ -213,7 +214,7 @@ class ForcedTurns:
             self._driver = VLLMStepDriver(self.engine)
         plan, tag = self._plan(prompt_token_ids, params)
         out = await self._driver.agenerate(prompt_token_ids, plan)
-        return self._close(out, tag, self._stop(tag))
+        return self._close(out, tag, self._stop(tag), params)
 
     @property
     def meter(self):
@@ -269,7 +270,8 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
 
     width = args.max_tokens * (args.max_turns + 1) + args.max_obs_length * args.max_turns
     loop = LoopConfig(max_turns=args.max_turns, max_start_length=args.max_prompt_length // 2,
-                      max_prompt_length=args.max_prompt_length, max_response_length=width, mode=mode)
+                      max_prompt_length=args.max_prompt_length, max_response_length=width, mode=mode,
+                      log_probs=False)
     manager = search_rollout(tokenizer, engine, retriever, loop, args.max_obs_length)
     params = SamplingParams(temperature=1.0, top_p=1.0, max_tokens=args.max_tokens, seed=args.seed)
     if proxy:

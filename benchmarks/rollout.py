@@ -41,7 +41,7 @@ def run_engine(name, engine, tokenizer, retriever, prompts, args) -> dict:
     from verl.workers.rollout.base import SamplingParams
 
     loop = LoopConfig(max_turns=args.max_turns, max_start_length=1024, max_prompt_length=1536,
-                      max_response_length=1024, mode="sync")
+                      max_response_length=1024, mode="sync", log_probs=False)
     manager = search_rollout(tokenizer, engine, retriever, loop, args.max_obs_length)
     params = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, seed=0)
     batch = DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts})

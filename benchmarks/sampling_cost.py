@@ -9,8 +9,10 @@ Why: the rollout engine decodes the 1.5B shape at ~13k tokens/s in our rollouts 
 "Asynchronous rollout"; "Against veRL and TRL") where the same engine decodes ~47k tokens/s with greedy,
 undetokenized requests ("GPU: generation"). The trainer's requests differ in several ways; each variant
 below turns on one of them over the ``raw`` baseline (temperature 1, nothing else), and ``rollout`` is the
-request the trainer sends by default (``VLLMRolloutEngine.to_vllm_params`` of Search-R1's sampling, with
-per-request seeds). Every request has ``ignore_eos`` and the same ``max_tokens``, so each variant decodes
+request the trainer sends with the rollout's log-probs (``VLLMRolloutEngine.to_vllm_params`` of Search-R1's
+sampling, with per-request seeds): what it sends when truncated importance sampling reads them (staleness 1)
+or ``rollout.calculate_log_probs`` asks; an on-policy step sends ``rollout-logprobs``. Every request has
+``ignore_eos`` and the same ``max_tokens``, so each variant decodes
 the same number of tokens (a stop string can end a row early: ``generated_tokens`` shows it; a random model
 rarely writes one).
 
@@ -46,7 +48,7 @@ from search_r1.envs.search_r1.parsing import STOP_STRINGS  # noqa: E402
 SETTINGS = ("top_p", "seeded", "detokenize", "stop", "logprobs")
 """top_p: nucleus 0.95 (Search-R1's rollout.top_p); seeded: one seed a request (rollout.seed_per_request);
 detokenize: incremental detokenization; stop: the stop strings (which need it); logprobs: the sampled token's
-log-prob (the trainer's rollout log-probs)"""
+log-prob (the trainer's rollout log-probs, asked for only where something reads them)"""
 VARIANTS = ("raw", *SETTINGS, "rollout", "rollout+logprob_text", *(f"rollout-{s}" for s in SETTINGS))
 """raw: temperature 1 alone; a setting's name: raw + that setting; rollout: all of them, as the trainer sends
 them; rollout+logprob_text: that request with each log-prob token's text (vLLM's default); rollout-<setting>:

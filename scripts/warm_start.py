@@ -159,7 +159,7 @@ def evaluate(model_path: str, num_questions: int = 60, qa_dir: str | None = None
         tokenizer, HFRolloutEngine(tokenizer, model_path=model_path, max_batch_size=16),
         make_retriever(corpus or str(ROOT / "example" / "corpus.jsonl"), 3, None),
         LoopConfig(max_turns=max_turns, max_start_length=2048, max_prompt_length=4096, max_response_length=600,
-                   mode="sync"), DEMO_MAX_OBS_LENGTH)
+                   mode="sync", log_probs=False), DEMO_MAX_OBS_LENGTH)
     out = rollout.run(batch, SamplingParams(temperature=0.0, max_tokens=200))
     texts = [tokenizer.decode(ids[: int(n)]) for ids, n in
              zip(out.batch["responses"], out.batch["attention_mask"][:, -out.batch["responses"].shape[1]:].sum(-1))]

@@ -71,6 +71,7 @@ def test_extra_recipes_search_r1pp_and_llds_pass_the_start_up_check(tmp_path):
     plan = make_run_plan(cfg, 1)
     assert ppo.label == "gae+one_step_off_policy" and cfg.actor_rollout_ref.rollout.staleness == 1
     assert plan.needs_critic and not plan.on_policy_update
+    assert plan.rollout_log_probs  # its truncated importance sampling reads the engine's log-probs
 
 
 def test_gpu_profile_is_the_learning_recipe(tmp_path):
@@ -84,6 +85,7 @@ def test_gpu_profile_is_the_learning_recipe(tmp_path):
     assert stacked.actor_rollout_ref.actor.optim.lr == 2e-5 and stacked.data.max_prompt_length == 2048
     # issue 30: its rollout is async, the engine core apart (the faster whole step at its shape)
     assert (stacked.actor_rollout_ref.rollout.mode, stacked.actor_rollout_ref.rollout.engine_process) == ("async", True)
+    assert not make_run_plan(stacked, 1).rollout_log_probs  # nothing reads them: vLLM computes none
     # staleness 1 stacked on it: the one-step-off recipe's front end serves the sync loop, which it sets
     lagged = parse_config(["+recipe=search_r1_grpo", "+recipe=learning_gpu", "+recipe=one_step_off_policy"])
     assert (lagged.actor_rollout_ref.rollout.mode, lagged.actor_rollout_ref.rollout.staleness) == ("sync", 1)

@@ -45,17 +45,17 @@ class ScriptedEngine:
         else:
             if len(ids) <= params.max_tokens:
                 reason = "eos"  # script ran out: treat as an EOS-less natural end
-        return RolloutOutput(out, [-0.5] * len(out), reason, stop)
+        return RolloutOutput(out, [-0.5] * len(out) if params.logprobs else [], reason, stop)
 
 
 def search_loop(tokenizer, engine, retriever=None, *, mode: str = "sync", max_turns: int = 4,
                 max_start_length: int = 2048, max_prompt_length: int = 4096, max_response_length: int = 1024,
-                max_obs_length: int = 512, do_search: bool = True):
+                max_obs_length: int = 512, do_search: bool = True, log_probs: bool = True):
     """A ``MultiTurnRollout`` of the Search-R1 environment over ``engine`` with test-sized budgets
     (``do_search=False`` or no retriever: every search is answered with no passage)."""
     from search_r1.envs.search_r1 import search_rollout
     from verl.workers.rollout.agent_loop import LoopConfig
 
     loop = LoopConfig(max_turns=max_turns, max_start_length=max_start_length, max_prompt_length=max_prompt_length,
-                      max_response_length=max_response_length, mode=mode)
+                      max_response_length=max_response_length, mode=mode, log_probs=log_probs)
     return search_rollout(tokenizer, engine, retriever if do_search else None, loop, max_obs_length)

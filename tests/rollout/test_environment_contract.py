@@ -61,7 +61,7 @@ def run(env, tokenizer, scripts, mode, **budgets):
     prompts = [prompt_ids(env, tokenizer, f"{QUESTION} ({i})") for i in range(len(scripts))]
     engine = ScriptedEngine(tokenizer, prompts, scripts)
     loop = LoopConfig(**{"max_turns": 2, "max_start_length": 2048, "max_prompt_length": 4096,
-                         "max_response_length": 600, "mode": mode, **budgets})
+                         "max_response_length": 600, "mode": mode, "log_probs": True, **budgets})
     out = MultiTurnRollout(tokenizer, engine, env, loop).run(
         DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), PARAMS)
     return prompts, out

@@ -137,6 +137,15 @@ def test_shapes_masks_positions(tokenizer, retriever, mode):
         assert b["input_ids"][row][b["attention_mask"][row].bool()][:len(prompt)].tolist() == prompt
 
 
+def test_rollout_without_log_probs_asks_the_engine_for_none(tokenizer, retriever, mode):
+    scripts = [["<answer>a</answer>"], ["<search>Berkshire</search>", "<answer>b</answer>"]]
+    _, _, with_log_probs = run(tokenizer, retriever, scripts, mode)
+    _, _, out = run(tokenizer, retriever, scripts, mode, log_probs=False)
+    assert "rollout_log_probs" in with_log_probs.batch.keys() and "rollout_log_probs" not in out.batch.keys()
+    for key in ("responses", "response_mask", "attention_mask", "valid_search"):
+        assert torch.equal(out.batch[key], with_log_probs.batch[key]), key
+
+
 def test_observation_tokens_are_the_tokenised_observation(tokenizer, retriever, mode):
     from search_r1.envs.search_r1.prompts import format_observation
     from search_r1.search.passages import format_passages
@@ -195,7 +204,8 @@ def test_mode_must_be_known():
     from verl.workers.rollout.agent_loop import LoopConfig
 
     with pytest.raises(ValueError, match="rollout mode.*'asynchronous'"):
-        LoopConfig(max_turns=1, max_start_length=8, max_prompt_length=16, max_response_length=8, mode="asynchronous")
+        LoopConfig(max_turns=1, max_start_length=8, max_prompt_length=16, max_response_length=8, mode="asynchronous",
+                   log_probs=True)
 
 
 def test_unknown_mode_fails_before_any_model_loads(tiny_qwen_path, tmp_path):

@@ -106,7 +106,8 @@ def test_tool_call_rollout_on_the_real_engines(engine_name, request, tokenizer, 
     assert env.open_tag(prompt) == "<tool_call>"
     from verl.workers.rollout.agent_loop import LoopConfig, MultiTurnRollout
 
-    loop = LoopConfig(max_turns=1, max_start_length=1024, max_prompt_length=1500, max_response_length=400, mode=mode)
+    loop = LoopConfig(max_turns=1, max_start_length=1024, max_prompt_length=1500, max_response_length=400, mode=mode,
+                      log_probs=True)
     out = MultiTurnRollout(tokenizer, engine, env, loop).run(DataProto.from_dict(non_tensors={"raw_prompt_ids": [prompt]}),
                                                             SamplingParams(temperature=0, max_tokens=48))
     assert out.batch["valid_search"].tolist() == [1], tokenizer.decode(out.batch["responses"][0])

@@ -14,6 +14,7 @@ from verl.protocol import DataProto
 from verl.trainer.main_ppo import parse_config
 from verl.trainer.ppo import checkpointing
 from verl.trainer.ppo.health import HealthConfig, HealthMonitor, HealthRule, positive_logprob
+from verl.workers.actor.dp_actor import positive_row_log_probs
 from verl.trainer.ppo.run_summary import closing_summary
 from verl.utils.config import ConfigError
 
@@ -53,11 +54,17 @@ def trajectories(tokenizer, texts: list[str], logprob: float = -1.0, advantages=
     return DataProto.from_dict(tensors=tensors, non_tensors=non_tensors)
 
 
+def update_metrics(batch, **metrics):
+    """The step's metrics as the actor update reports them for ``batch`` (its old log-probs)."""
+    sums = positive_row_log_probs(batch.batch["old_log_probs"], batch.batch["advantages"], batch.batch["response_mask"])
+    return {**{key: float(value) for key, value in sums.items()}, **metrics}
+
+
 def test_health_figures_of_a_step(env, tokenizer):
     monitor = HealthMonitor(HealthConfig(), env, tokenizer)
     batch = trajectories(tokenizer, [WELL_FORMED, BROKEN, WELL_FORMED, "<answer> x </answer>"],
                          advantages=[1.0, -1.0, 0.5, 0.0], sources=["nq", "nq", "hotpotqa", "hotpotqa"])
-    out = monitor.observe(1, batch, {"actor/grad_norm": 2.5})
+    out = monitor.observe(1, batch, update_metrics(batch, **{"actor/grad_norm": 2.5}))
     assert out["health/broken_tags"] == 0.25 and out["health/no_answer"] == 0.25
     assert out["health/searches"] == 0.5
     assert out["health/searches/nq"] == 0.5 and out["health/searches/hotpotqa"] == 0.5
@@ -65,7 +72,8 @@ def test_health_figures_of_a_step(env, tokenizer):
     assert out["health/lld/pos_logprob"] == pytest.approx(-1.0)  # rows with A > 0 only
     assert out["health/grad_norm"] == 2.5 and out["health/alarm"] == 0.0
     assert "health/lld/pos_logprob_change" not in out
-    later = monitor.observe(2, trajectories(tokenizer, [WELL_FORMED], logprob=-1.25), {})
+    later_batch = trajectories(tokenizer, [WELL_FORMED], logprob=-1.25)
+    later = monitor.observe(2, later_batch, update_metrics(later_batch))
     assert later["health/lld/pos_logprob_change"] == pytest.approx(-0.25)
 
 
@@ -96,19 +104,22 @@ def test_health_rules_drift_kinds():
 def test_health_lld_fall_and_grad_norm_growth_raise_alarms(env, tokenizer):
     monitor = HealthMonitor(HealthConfig(baseline_steps=1, patience=2), env, tokenizer)
     steps = [(-1.0, 1.0), (-1.5, 1.0), (-1.5, 1.0), (-1.0, 9.0), (-1.0, 9.0)]
-    alarms = [monitor.observe(i, trajectories(tokenizer, [WELL_FORMED], logprob=lp), {"actor/grad_norm": g})["health/alarm"]
-              for i, (lp, g) in enumerate(steps, start=1)]
+    batches = [trajectories(tokenizer, [WELL_FORMED], logprob=lp) for lp, _ in steps]
+    alarms = [monitor.observe(i, batch, update_metrics(batch, **{"actor/grad_norm": g}))["health/alarm"]
+              for i, (batch, (_, g)) in enumerate(zip(batches, steps), start=1)]
     assert alarms == [0, 0, 1, 0, 1]
     assert [line.split(": ")[2].split()[0] for line in monitor.summary()] == ["lld/pos_logprob", "grad_norm"]
     assert monitor.summary()[1].endswith("grad_norm 9.000 grew from its start 1.000 (more than 5x)")
 
 
 def test_health_positive_logprob_ignores_other_rows(tokenizer):
-    batch = trajectories(tokenizer, [WELL_FORMED, WELL_FORMED], advantages=[1.0, -1.0])
+    batch = trajectories(tokenizer, [WELL_FORMED, WELL_FORMED, WELL_FORMED], advantages=[1.0, -1.0, 2.0])
     batch.batch["old_log_probs"][1] = -9.0
-    assert positive_logprob(batch) == pytest.approx(-1.0)
-    batch.batch.pop("old_log_probs")
-    assert positive_logprob(batch) is None  # neither the old nor the rollout log-probs
+    batch.batch["old_log_probs"][2] *= 3.0  # row means -1 and -3 among the positive rows
+    assert positive_logprob(update_metrics(batch)) == pytest.approx(-2.0)
+    assert positive_logprob({"actor/grad_norm": 1.0}) is None  # no actor update this step
+    batch.batch["advantages"] *= 0
+    assert positive_logprob(update_metrics(batch)) is None  # no row with a positive advantage
 
 
 def test_health_disabled_and_thresholds_overridden(env, tokenizer):

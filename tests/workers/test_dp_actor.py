@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from verl.trainer.ppo.health import positive_logprob
 from verl.utils.config import to_typed
 from verl.utils.fsdp_utils import load_causal_lm
 from verl.workers.actor.config import ActorConfig
@@ -154,3 +155,19 @@ def test_llds_term_joins_the_actor_loss(model, batch_factory):
     assert any(not torch.equal(full[k], plain[k]) for k in full), "the LLDS term changed nothing"
     for name in full:
         torch.testing.assert_close(accum[name], full[name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("micro_rows", [6, 2])
+def test_update_reports_the_positive_rows_log_prob_of_the_sampling_policy(model, batch_factory, micro_rows):
+    """On-policy (no ``old_log_probs``) the update's own first forward is the sampling policy: its
+    sums give the health monitor's ``lld/pos_logprob`` exactly, whatever the micro-batching."""
+    data = batch_factory(num_rows=6, seed=11)
+    mask = data.batch["response_mask"].float()
+    data.batch["advantages"] = torch.tensor([1.0, -1.0, 0.5, 0.0, 2.0, -0.5])[:, None] * mask
+    data.batch.pop("old_log_probs", None)
+    expected_rows = reference_log_probs(model, data)
+    row_means = (expected_rows * mask).sum(-1) / mask.sum(-1)
+    expected = float(row_means[[0, 2, 4]].mean())
+    _, metrics = _updated_params(model, data, ppo_micro_batch_size_per_gpu=micro_rows)
+    assert metrics["actor/pos_logprob_rows"] == 3.0
+    assert positive_logprob(metrics) == pytest.approx(expected, abs=1e-5)

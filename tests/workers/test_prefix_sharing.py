@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 from verl.trainer.ppo.config import load_config
-from verl.trainer.ppo.config_check import on_policy_update
+from verl.trainer.ppo.config_check import on_policy_update, rollout_log_probs
 from verl.utils.fsdp_utils import load_causal_lm
 from verl.utils.prefix_sharing import pack_shared_prompts, supports_custom_mask
 from verl.workers.forward import ForwardLayout
@@ -112,6 +112,20 @@ def test_on_policy_update_needs_no_old_log_probs(model, batch_factory):
     ({"actor_rollout_ref.actor.skip_old_log_prob_on_policy": False}, False),
 ])
 def test_on_policy_update_detection(override, expected):
+    assert on_policy_update(small_config(override)) is expected
+
+
+@pytest.mark.parametrize("override, expected", [
+    ({}, False),
+    ({"actor_rollout_ref.actor.tis_imp_ratio_cap": 2.0}, True),
+    ({"actor_rollout_ref.rollout.calculate_log_probs": True}, True),
+])
+def test_rollout_log_probs_only_where_something_reads_them(override, expected):
+    assert rollout_log_probs(small_config(override)) is expected
+
+
+def small_config(override: dict):
+    """A checked config of 8 prompts a step with ``override`` (dotted keys) applied."""
     tree = {"data": {"train_batch_size": 8}, "trainer": {"n_gpus_per_node": 1},
             "actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 8, "ppo_micro_batch_size": 4}},
             "critic": {"ppo_micro_batch_size": 4}, "algorithm": {"use_kl_in_reward": False}}
@@ -121,7 +135,7 @@ def test_on_policy_update_detection(override, expected):
         for part in parents:
             node = node.setdefault(part, {})
         node[leaf] = value
-    assert on_policy_update(load_config(tree)) is expected
+    return load_config(tree)
 
 
 def test_layout_keeps_share_prompts_only_where_the_attention_takes_a_mask(model, caplog):

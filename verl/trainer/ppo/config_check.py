@@ -63,6 +63,12 @@ def on_policy_update(cfg: PPOConfig) -> bool:
             and not cfg.algorithm.use_kl_in_reward and actor.tis_imp_ratio_cap <= 0)
 
 
+def rollout_log_probs(cfg: PPOConfig) -> bool:
+    """True when the rollout returns the engine's log-probs: truncated importance sampling reads them
+    (``actor.tis_imp_ratio_cap`` > 0), or ``rollout.calculate_log_probs`` asks for them."""
+    return cfg.actor_rollout_ref.rollout.calculate_log_probs or cfg.actor_rollout_ref.actor.tis_imp_ratio_cap > 0
+
+
 def _choose(errors: list[str], key: str, value, allowed) -> None:
     if value not in allowed:
         errors.append(f"{key}={value!r}: choose one of {sorted(allowed)}")

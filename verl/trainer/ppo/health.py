@@ -9,7 +9,7 @@ Every training step logs ``health/*`` (on by default, ``trainer.health``):
   advantage under the policy that sampled them, and ``health/lld/pos_logprob_change`` its change
   since the previous step. Deng et al. 2026 (arXiv:2512.04220) find this likelihood stagnating,
   then falling, before GRPO collapses in agent search (lazy likelihood displacement); it costs
-  nothing here (the log-probs are already computed);
+  nothing here (the actor update sums it from the log-probs it computes anyway);
 * ``health/grad_norm``: the actor's gradient norm before clipping (it inflates as likelihood falls).
 
 A rule watches a signal's drift from the run's own start (its mean over the first
@@ -31,6 +31,7 @@ from typing import Dict, Mapping, Optional
 import numpy as np
 
 from verl.trainer.run_exit import HealthAlarmStop
+from verl.workers.actor.dp_actor import POS_LOGPROB_ROWS, POS_LOGPROB_SUM
 
 HEALTH_RULE_KINDS = ("rise", "fall", "grow")
 # The trainer's own signals (any environment): name -> (kind, threshold).
@@ -123,20 +124,14 @@ def text_signals(env, texts: list[str], data_sources) -> dict[str, float]:
     return metrics
 
 
-def positive_logprob(batch) -> float | None:
+def positive_logprob(metrics: Mapping[str, float]) -> float | None:
     """Mean over the rows with a positive advantage of their mean token log-probability under the
-    sampling policy (``old_log_probs``, else the engine's ``rollout_log_probs``); None when the batch
-    has neither or no such row."""
-    tensors = batch.batch
-    key = next((k for k in ("old_log_probs", "rollout_log_probs") if k in tensors.keys()), None)
-    if key is None or "advantages" not in tensors.keys():
+    sampling policy, from the actor update's sums (``dp_actor.positive_row_log_probs``: the update's
+    ``old_log_probs``, its own forward on-policy); None without an update or without such a row."""
+    rows = metrics.get(POS_LOGPROB_ROWS)
+    if rows is None or not rows > 0:
         return None
-    mask = tensors["response_mask"].float()
-    tokens = mask.sum(-1)
-    row_logprob = (tensors[key].float() * mask).sum(-1) / tokens.clamp_min(1.0)
-    row_advantage = (tensors["advantages"].float() * mask).sum(-1) / tokens.clamp_min(1.0)
-    positive = (row_advantage > 0) & (tokens > 0)
-    return float(row_logprob[positive].mean()) if bool(positive.any()) else None
+    return float(metrics[POS_LOGPROB_SUM] / rows)
 
 
 class HealthMonitor:
@@ -163,7 +158,7 @@ class HealthMonitor:
         if not self.config.enabled:
             return {}
         out = text_signals(self.env, decoded_responses(batch, self.tokenizer), batch.non_tensor_batch.get("data_source"))
-        logprob = positive_logprob(batch)
+        logprob = positive_logprob(metrics)
         if logprob is not None:
             out["health/lld/pos_logprob"] = logprob
             if self.previous_logprob is not None:

@@ -27,6 +27,7 @@ class RunPlan:
         needs_critic: the advantage estimator reads values (a critic is trained).
         needs_reference: a KL term needs the reference policy.
         on_policy_update: the update may reuse its own log-probs as ``old_log_probs``.
+        rollout_log_probs: the rollout returns the engine's log-probs (``rollout_log_probs``).
         batches_per_epoch: training batches of ``data.train_batch_size`` prompts per epoch.
         total_training_steps: steps of the run (``trainer.total_training_steps`` or epochs x batches).
         engine_max_model_len: the rollout engine's context length.
@@ -40,6 +41,7 @@ class RunPlan:
     needs_critic: bool
     needs_reference: bool
     on_policy_update: bool
+    rollout_log_probs: bool
     batches_per_epoch: int
     total_training_steps: int
     engine_max_model_len: int
@@ -62,7 +64,8 @@ class RunPlan:
             f"  actor update {self.actor_update.mini_batch_rows} rows/rank in micro-batches of "
             f"{self.actor_update.micro.rows or 'dynamic'}; {critic}; "
             f"reference: {'yes' if self.needs_reference else 'no'}; "
-            f"old_log_probs pass: {'skipped (on-policy)' if self.on_policy_update else 'yes'}",
+            f"old_log_probs pass: {'skipped (on-policy)' if self.on_policy_update else 'yes'}; "
+            f"rollout log-probs: {'yes' if self.rollout_log_probs else 'no'}",
             f"  engine max_model_len {self.engine_max_model_len}, trajectory width {self.response_width} tokens"])
 
 
@@ -90,6 +93,7 @@ def make_run_plan(cfg: PPOConfig, batches_per_epoch: int) -> RunPlan:
     return RunPlan(
         rollout_n=n, data_parallel_size=dp, needs_critic=critic,
         needs_reference=config_check.needs_reference(cfg), on_policy_update=config_check.on_policy_update(cfg),
+        rollout_log_probs=config_check.rollout_log_probs(cfg),
         batches_per_epoch=batches_per_epoch, total_training_steps=total_training_steps(cfg, batches_per_epoch),
         engine_max_model_len=engine_max_model_len(cfg.actor_rollout_ref.rollout, cfg.data),
         response_width=response_width(cfg),

@@ -93,7 +93,7 @@ def loop_config(cfg: PPOConfig, plan: RunPlan):
 
     return LoopConfig(max_turns=cfg.max_turns, max_start_length=cfg.data.max_start_length,
                       max_prompt_length=cfg.data.max_prompt_length, max_response_length=plan.response_width,
-                      mode=cfg.actor_rollout_ref.rollout.mode)
+                      mode=cfg.actor_rollout_ref.rollout.mode, log_probs=plan.rollout_log_probs)
 
 
 def build_rollout(cfg: PPOConfig, tokenizer, engine, plan: RunPlan, env: Environment):

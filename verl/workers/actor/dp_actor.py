@@ -26,6 +26,30 @@ from verl.workers.forward import ForwardLayout, forward_log_probs
 logger = logging.getLogger(__name__)
 
 _FORWARD_KEYS = ["input_ids", "attention_mask", "position_ids", "responses"]
+POS_LOGPROB_SUM, POS_LOGPROB_ROWS = "actor/pos_logprob_sum", "actor/pos_logprob_rows"
+# summed over micro-batches (not averaged), so that their ratio stays exact after the averages over
+# mini-batches and ranks
+SUMMED_METRICS = (POS_LOGPROB_SUM, POS_LOGPROB_ROWS)
+
+
+def positive_row_log_probs(log_probs: torch.Tensor, advantages: torch.Tensor,
+                           response_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sums behind the health monitor's ``lld/pos_logprob`` (``verl.trainer.ppo.health``).
+
+    Args:
+        log_probs: the sampling policy's token log-probs, ``(batch, response_len)``.
+        advantages: ``(batch, response_len)``; a row counts when its mean over the mask is > 0.
+        response_mask: 1 on generated tokens, ``(batch, response_len)``.
+    Returns:
+        0-d tensors: ``POS_LOGPROB_SUM``, the sum over those rows of their mean token log-prob (nats),
+        and ``POS_LOGPROB_ROWS``, their number.
+    """
+    mask = response_mask.to(torch.float32)
+    tokens = mask.sum(-1)
+    row_log_prob = (log_probs.detach().float() * mask).sum(-1) / tokens.clamp_min(1.0)
+    row_advantage = (advantages.float() * mask).sum(-1) / tokens.clamp_min(1.0)
+    positive = ((row_advantage > 0) & (tokens > 0)).to(torch.float32)
+    return {POS_LOGPROB_SUM: (row_log_prob * positive).sum(), POS_LOGPROB_ROWS: positive.sum()}
 
 
 class DataParallelPPOActor:
@@ -135,7 +159,7 @@ class DataParallelPPOActor:
             (loss * weight).backward()
             sums["actor/pg_loss"] += micro_metrics.pop("actor/pg_loss") * weight
             for key, value in micro_metrics.items():
-                sums[key] += value / len(micros)
+                sums[key] += value if key in SUMMED_METRICS else value / len(micros)
         sums = F.metrics_to_floats(sums)
         grad_norm, stepped = clip_grad_and_step(self.actor_module, self.actor_optimizer, self.config.grad_clip)
         if not stepped:
@@ -178,4 +202,5 @@ class DataParallelPPOActor:
             loss = loss + cfg.llds.coef * llds_loss
             metrics.update(llds_metrics)
         metrics["actor/pg_loss"] = pg_loss.detach()
+        metrics.update(positive_row_log_probs(old_log_prob, micro["advantages"], response_mask))
         return loss, metrics

@@ -98,6 +98,11 @@ class RolloutConfig:
     generation overlaps old/ref log-probs and the update. Needs vLLM, the engine resident
     (`free_cache_engine=false`) and truncated importance sampling (`actor.tis_imp_ratio_cap` > 0),
     which corrects the lag with the rollout's recorded log-probs"""
+    calculate_log_probs: bool = False
+    """also return the engine's log-prob of every sampled token (`rollout_log_probs`) when nothing in the
+    step reads them; truncated importance sampling (`actor.tis_imp_ratio_cap` > 0, so `staleness=1`)
+    always gets them. Off, vLLM computes no log-softmax over the vocabulary per decode step
+    (docs/benchmarks.md, What the rollout's sampling settings cost)"""
     log_prob_micro_batch_size: Optional[int] = 128
     """global rows per `old_log_probs` micro-batch (split over ranks)"""
     log_prob_micro_batch_size_per_gpu: Optional[int] = None

@@ -73,15 +73,16 @@ class MultiTurnRollout:
             batch: left-padded ``input_ids``/``attention_mask`` ``(B, P)``, or a ``raw_prompt_ids``
                 non-tensor column (preferred when present).
             params: sampling parameters; ``n`` must be 1 (repeat the batch for several samples) and
-                ``stop`` is replaced by the environment's stop strings.
+                ``stop`` is replaced by the environment's stop strings and ``logprobs`` by the
+                config's ``log_probs``.
             on_turn: called after every turn of the sync mode with a :class:`TurnProgress` (progress
                 of a long rollout; the async mode has no common turns and does not call it); with
                 the loop in the workers, with every worker's latest summed.
         Returns:
             DataProto with ``prompts (B, P)``, ``responses``/``response_mask``/``rollout_log_probs``
-            ``(B, R=max_response_length)``, ``input_ids``/``attention_mask``/``position_ids``
-            ``(B, P + R)``, int64 ``(B,)`` stats ``turns, finished, truncated`` and the environment's
-            counters, the non-tensor ``action_prefix`` (the action the prompt opened, or "");
+            ``(B, R=max_response_length)`` (``rollout_log_probs`` with ``log_probs`` only),
+            ``input_ids``/``attention_mask``/``position_ids`` ``(B, P + R)``, int64 ``(B,)`` stats
+            ``turns, finished, truncated`` and the environment's counters, the non-tensor ``action_prefix`` (the action the prompt opened, or "");
             ``meta_info["timing"]`` has seconds (``generation_s``, ``tool_s``, ``bookkeeping_s``,
             ``total_s``; sync: the engine calls and the decode steps they waited for; async: the
             busy fractions and mean in-flight counts).
@@ -96,7 +97,8 @@ class MultiTurnRollout:
         prompts = self._prompts(batch)
         width = max([self._prompt_width(batch)] + [len(p) for p in prompts])
         start = time.perf_counter()
-        rows = [Trajectory(prompt, open_tag=self.env.open_tag(prompt)) for prompt in prompts]
+        rows = [Trajectory(prompt, open_tag=self.env.open_tag(prompt),
+                           log_probs=[] if self.config.log_probs else None) for prompt in prompts]
         if self.config.mode == "async":
             timing = self._run_async(rows, params, self._row_seeds(batch, params, len(rows)))
         else:
@@ -202,7 +204,7 @@ class MultiTurnRollout:
     def _turn_params(self, params: SamplingParams) -> SamplingParams:
         if params.n != 1:
             raise ValueError(f"the rollout samples once per row; got n={params.n}. Repeat the batch instead.")
-        return replace(params, stop=list(self.env.stop_strings), logprobs=True)
+        return replace(params, stop=list(self.env.stop_strings), logprobs=self.config.log_probs)
 
     def _prompts(self, batch: DataProto) -> list[list[int]]:
         if "raw_prompt_ids" in batch.non_tensor_batch:

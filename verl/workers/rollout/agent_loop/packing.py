@@ -55,7 +55,8 @@ def to_dataproto(rows, prompt_width: int, response_width: int, pad_id: int, coun
 
     Returns:
         ``prompts (B, P)`` left padded, ``responses``/``response_mask``/``rollout_log_probs``
-        ``(B, R)`` right padded, ``input_ids``/``attention_mask``/``position_ids`` ``(B, P + R)``,
+        ``(B, R)`` right padded (``rollout_log_probs`` only when the rows recorded log-probs),
+        ``input_ids``/``attention_mask``/``position_ids`` ``(B, P + R)``,
         int64 ``(B,)`` columns ``turns, finished, truncated`` and one per environment counter, the
         non-tensor ``action_prefix``.
     """
@@ -72,8 +73,10 @@ def to_dataproto(rows, prompt_width: int, response_width: int, pad_id: int, coun
         "attention_mask": attention_mask,
         "position_ids": position_ids_from_mask(attention_mask),
         "response_mask": pad_rows([r.response_mask for r in rows], response_width, 0, torch.long, left=False),
-        "rollout_log_probs": pad_rows([r.log_probs for r in rows], response_width, 0.0, torch.float32, left=False),
     }
+    if all(r.log_probs is not None for r in rows):
+        tensors["rollout_log_probs"] = pad_rows([r.log_probs for r in rows], response_width, 0.0, torch.float32,
+                                                left=False)
     for stat in LOOP_STATS:
         tensors[stat] = torch.tensor([int(getattr(r, stat)) for r in rows], dtype=torch.long)
     for counter in counters:

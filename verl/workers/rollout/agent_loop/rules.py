@@ -42,6 +42,7 @@ class LoopConfig:
         max_response_length: response budget (generated + environment tokens) = width R of the
             output (``RunPlan.response_width``).
         mode: ``"sync"`` (turn by turn over the batch) or ``"async"`` (a task per row).
+        log_probs: ask the engine for each sampled token's log-prob (``rollout_log_probs``).
     Raises:
         ValueError: an unknown ``mode``.
     """
@@ -51,6 +52,7 @@ class LoopConfig:
     max_prompt_length: int
     max_response_length: int
     mode: str
+    log_probs: bool
 
     def __post_init__(self) -> None:
         if self.mode not in ROLLOUT_MODES:
