@@ -15,6 +15,7 @@ class ScriptedEngine:
         self.tokenizer = tokenizer
         self.scripts = {tuple(p): list(s) for p, s in zip(prompts, scripts)}
         self.calls: list[list[list[int]]] = []
+        self.logprobs_asked: list[bool] = []  # each request's SamplingParams.logprobs
         self.turn = {tuple(p): 0 for p in prompts}
 
     def _script(self, context: list[int]) -> tuple[tuple, str]:
@@ -30,6 +31,7 @@ class ScriptedEngine:
         return [self._one(context, params) for context in prompt_token_ids]
 
     def _one(self, context, params) -> RolloutOutput:
+        self.logprobs_asked.append(params.logprobs)
         _, text = self._script(context)
         ids = self.tokenizer.encode(text, add_special_tokens=False)
         out, reason, stop = [], "length", None

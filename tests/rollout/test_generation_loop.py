@@ -139,8 +139,9 @@ def test_shapes_masks_positions(tokenizer, retriever, mode):
 
 def test_rollout_without_log_probs_asks_the_engine_for_none(tokenizer, retriever, mode):
     scripts = [["<answer>a</answer>"], ["<search>Berkshire</search>", "<answer>b</answer>"]]
-    _, _, with_log_probs = run(tokenizer, retriever, scripts, mode)
-    _, _, out = run(tokenizer, retriever, scripts, mode, log_probs=False)
+    _, asked, with_log_probs = run(tokenizer, retriever, scripts, mode)
+    _, not_asked, out = run(tokenizer, retriever, scripts, mode, log_probs=False)
+    assert set(asked.logprobs_asked) == {True} and set(not_asked.logprobs_asked) == {False}
     assert "rollout_log_probs" in with_log_probs.batch.keys() and "rollout_log_probs" not in out.batch.keys()
     for key in ("responses", "response_mask", "attention_mask", "valid_search"):
         assert torch.equal(out.batch[key], with_log_probs.batch[key]), key
