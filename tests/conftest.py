@@ -16,6 +16,22 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import pytest  # noqa: E402
 
+_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture(autouse=True)
+def _rank_environment_restored():
+    """Puts the rank variables back after each test: an in-process worker group a failed test left
+    running would otherwise send a later test's child process (SFT, torchrun) to its live rendezvous
+    port (EADDRINUSE). Module and session fixtures set theirs up before this snapshot, so keep them."""
+    before = {key: os.environ.get(key) for key in _RANK_ENV}
+    yield
+    for key, value in before.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
 
 @pytest.fixture(scope="session")
 def smollm2_path() -> str:

@@ -29,9 +29,11 @@ def test_dp_plan_pads_chunks_and_collect_unpads():
 def test_local_group_runs_registered_methods_in_process():
     # another in-process test may have left a process group; the group must only undo what it made
     initialized_before = dist.is_initialized()
+    rank_keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env_before = {key: os.environ.get(key) for key in rank_keys}
     group = LocalWorkerGroup(ClassWithInitArgs(SumWorker, scale=2.0))
     try:
-        assert group.world_size == 1 and dist.get_world_size() == 1
+        assert group.world_size == 1 and dist.get_world_size() == 1 and os.environ["WORLD_SIZE"] == "1"
         info = group.worker_info()[0]
         assert info == {"rank": 0, "world_size": 1, "local_rank": 0, "pid": os.getpid(),
                         "hostname": info["hostname"], "torch_threads": torch.get_num_threads()}
@@ -41,6 +43,8 @@ def test_local_group_runs_registered_methods_in_process():
     finally:
         group.shutdown()
     assert dist.is_initialized() == initialized_before
+    # a child started after the group (an SFT run, torchrun) must not inherit its rendezvous
+    assert {key: os.environ.get(key) for key in rank_keys} == env_before
 
 
 def test_local_colocated_roles_spawn():
