@@ -16,6 +16,30 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 import pytest  # noqa: E402
 
+
+def _pin_xdist_worker() -> None:
+    """Under ``pytest -n N``, give each worker its own share of this process's cores (gw0 the first
+    cores // N, and so on), which its children (Ray, vLLM, retriever servers, trainer runs) inherit.
+
+    Each process sizes its thread pools by the cores it may use (torch and OpenMP, vLLM's CPU binding,
+    ``Worker._share_cpu_threads``); with every worker seeing all cores, two workers' tests ran twice the
+    threads there are cores, and spinning OpenMP threads made two runs side by side ~5x slower than one
+    alone instead of 2x (two ``evaluate.sh`` runs on 2 cores: 4:47 each, 1:27 each with one core each).
+    """
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if worker is None or count < 2 or len(cpus) < count:
+        return
+    index = int(worker.removeprefix("gw")) % count
+    share = cpus[index * len(cpus) // count:(index + 1) * len(cpus) // count]
+    os.sched_setaffinity(0, share)
+    import torch
+
+    torch.set_num_threads(len(share))
+
+
+_pin_xdist_worker()
+
 _RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 

@@ -61,3 +61,20 @@ def test_local_colocated_roles_spawn():
             fused.spawn(prefix_set=["critic"])
     finally:
         fused.shutdown()
+
+
+def test_a_cpu_rank_takes_its_share_of_the_cores_it_may_use(monkeypatch):
+    # under `pytest -n 2` each worker is pinned to one core, where the Ray test of this rule cannot
+    # tell it from Ray's one-thread default: the rule itself, on 8 cores
+    from verl.single_controller.base.worker import Worker
+
+    chosen: list[int] = []
+    monkeypatch.setattr(torch, "set_num_threads", chosen.append)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.delenv("SEARCH_R1_CPU_THREADS", raising=False)
+    for local_ranks in (1, 2, 3, 16):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+        Worker()._share_cpu_threads()
+    monkeypatch.setenv("SEARCH_R1_CPU_THREADS", "3")
+    Worker()._share_cpu_threads()
+    assert chosen == [8, 4, 2, 1, 3]
