@@ -40,21 +40,16 @@ def _pin_xdist_worker() -> None:
 
 _pin_xdist_worker()
 
-_RANK_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
 @pytest.fixture(autouse=True)
 def _rank_environment_restored():
     """Puts the rank variables back after each test: an in-process worker group a failed test left
     running would otherwise send a later test's child process (SFT, torchrun) to its live rendezvous
     port (EADDRINUSE). Module and session fixtures set theirs up before this snapshot, so keep them."""
-    before = {key: os.environ.get(key) for key in _RANK_ENV}
+    from verl.single_controller.base.worker import RANK_ENV_VARS, restore_env
+
+    before = {key: os.environ.get(key) for key in RANK_ENV_VARS}
     yield
-    for key, value in before.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    restore_env(before)
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from verl.protocol import DataProto
 from verl.single_controller import ClassWithInitArgs, Dispatch, LocalWorkerGroup, create_colocated_worker_cls
 from verl.single_controller.base.decorator import collect_results, plan_calls
+from verl.single_controller.base.worker import RANK_ENV_VARS
 
 
 def test_dp_plan_pads_chunks_and_collect_unpads():
@@ -29,8 +30,7 @@ def test_dp_plan_pads_chunks_and_collect_unpads():
 def test_local_group_runs_registered_methods_in_process():
     # another in-process test may have left a process group; the group must only undo what it made
     initialized_before = dist.is_initialized()
-    rank_keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env_before = {key: os.environ.get(key) for key in rank_keys}
+    env_before = {key: os.environ.get(key) for key in RANK_ENV_VARS}
     group = LocalWorkerGroup(ClassWithInitArgs(SumWorker, scale=2.0))
     try:
         assert group.world_size == 1 and dist.get_world_size() == 1 and os.environ["WORLD_SIZE"] == "1"
@@ -44,7 +44,7 @@ def test_local_group_runs_registered_methods_in_process():
         group.shutdown()
     assert dist.is_initialized() == initialized_before
     # a child started after the group (an SFT run, torchrun) must not inherit its rendezvous
-    assert {key: os.environ.get(key) for key in rank_keys} == env_before
+    assert {key: os.environ.get(key) for key in RANK_ENV_VARS} == env_before
 
 
 def test_local_colocated_roles_spawn():

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from verl.single_controller.base.decorator import CallPlan
 from verl.single_controller.base.host import ClassWithInitArgs, ColocatedClassWithInitArgs, WorkerHost
-from verl.single_controller.base.worker import _free_port
+from verl.single_controller.base.worker import RANK_ENV_VARS, _free_port, restore_env
 from verl.single_controller.base.worker_group import WorkerError, WorkerGroup, role_classes_of
 
 
@@ -37,14 +37,13 @@ class LocalWorkerGroup(WorkerGroup):
         self.timeout_s = float("inf")
         self._host = WorkerHost(self._role_classes)
         had_process_group = dist.is_initialized()
-        env = self._rank_env()
         # the rank environment is this process's own: undone at shutdown, so that a later child
         # (an SFT run, torchrun) does not join a world of one on this group's rendezvous port
-        self._env_before = {key: os.environ.get(key) for key in env}
+        self._env_before = {key: os.environ.get(key) for key in RANK_ENV_VARS}
         try:
-            self._host.init_workers(env)
+            self._host.init_workers(self._rank_env())
         except Exception as error:
-            self._restore_env()
+            restore_env(self._env_before)
             names = "+".join(spec.cls.__name__ for spec in self._role_classes.values())
             raise WorkerError(0, f"{names}.__init__", traceback.format_exc()) from error
         # only the group whose workers created the 1-rank process group destroys it
@@ -72,14 +71,6 @@ class LocalWorkerGroup(WorkerGroup):
             raise WorkerError(0, self._qualified(role, method), traceback.format_exc()) from error
         return lambda: {0: result}
 
-    def _restore_env(self) -> None:
-        for key, value in self._env_before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-        self._env_before = {}
-
     def shutdown(self) -> None:
         """Drops the workers, destroys the process group their construction made, if any, and puts
         back the rank environment variables as they were before the group."""
@@ -87,4 +78,4 @@ class LocalWorkerGroup(WorkerGroup):
         if self._owns_process_group and dist.is_initialized():
             dist.destroy_process_group()
         self._owns_process_group = False
-        self._restore_env()
+        restore_env(self._env_before)

@@ -18,6 +18,19 @@ import torch.distributed as dist
 from verl.single_controller.base.decorator import Dispatch, register
 
 
+#: the variables a worker group sets for each rank (and an in-process group puts back at shutdown)
+RANK_ENV_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def restore_env(saved: dict[str, str | None]) -> None:
+    """Sets each variable of ``saved`` back to its value there (``None``: removes it)."""
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 def _env_int(name: str, default: int) -> int:
     value = os.environ.get(name)
     if value is None or value == "":
