@@ -16,8 +16,9 @@ local BM25 server over ``example/corpus.jsonl`` and (b) the same server behind
 ``benchmarks/latency_proxy.py`` (log-normal online-search latency, ``--latency_ms``). Reported per
 run: wall time, generated tokens/s, the engine's busy fraction (sync: time inside ``generate`` /
 wall; async: time with at least one request in the engine / wall), searches in flight (async: mean
-and peak; sync: the proxy's peak requests), turns and searches per row; with ``--engine_stats``, the
-requests vLLM preempted (dropped from its KV cache and recomputed later) during the run.
+and peak; sync: the proxy's peak requests), turns and searches per row; with ``--engine_stats``, vLLM's
+counters over the run (:data:`ENGINE_COUNTERS`: preemptions, prompt tokens, prefix-cache hits) and the
+prompt tokens it prefilled (``prefilled_tokens``: prompt tokens less prefix-cache hits).
 ``--num_kv_blocks`` caps the KV cache, to see what a smaller cache (a larger model's) does to each mode.
 
 Models: ``warm_start`` is the SmolLM2-135M SFT warm start (``scripts/warm_start.py``, built and
@@ -98,7 +99,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_num_seqs", type=int, default=None,
                    help="vLLM's running batch, sequences (default: vLLM's, 1,024 on an H200)")
     p.add_argument("--engine_stats", action="store_true",
-                   help="vLLM's statistics on (disable_log_stats=False): each rollout records its preemptions")
+                   help="vLLM's statistics on (disable_log_stats=False): each rollout records its preemptions, "
+                        "prompt tokens and prefix-cache hits")
     p.add_argument("--num_kv_blocks", type=int, default=None,
                    help="vLLM's KV cache in blocks (num_gpu_blocks_override; default: what memory allows)")
     p.add_argument("--engine_process", action="store_true",
@@ -252,13 +254,23 @@ def build_engine(path: str, tokenizer, args):
     return build_rollout_engine(config, path, tokenizer, extra_engine_kwargs=extra)
 
 
-def preemptions(engine) -> int | None:
-    """Requests vLLM has preempted so far (its ``vllm:num_preemptions`` counter; each one's KV cache is
-    dropped and recomputed when it is scheduled again); None when the engine keeps no statistics."""
+ENGINE_COUNTERS = {"vllm:num_preemptions": "preemptions", "vllm:prompt_tokens": "prompt_tokens",
+                   "vllm:prefix_cache_queries": "prefix_cache_queries", "vllm:prefix_cache_hits": "prefix_cache_hits"}
+"""vLLM's counters a rollout records with ``--engine_stats`` (their change over the rollout): requests
+preempted (dropped from the KV cache, recomputed later), prompt tokens of its requests, and of those the
+tokens looked up in / found in the prefix cache (a found token is not prefilled again)."""
+
+
+def engine_counters(engine) -> dict[str, int] | None:
+    """The :data:`ENGINE_COUNTERS` so far; None when the engine keeps no statistics."""
     llm = getattr(engine, "engine", engine).llm  # through ForcedTurns
     if not getattr(llm.llm_engine, "log_stats", False):
         return None
-    return int(sum(metric.value for metric in llm.get_metrics() if metric.name == "vllm:num_preemptions"))
+    counts = dict.fromkeys(ENGINE_COUNTERS.values(), 0)
+    for metric in llm.get_metrics():
+        if metric.name in ENGINE_COUNTERS:
+            counts[ENGINE_COUNTERS[metric.name]] += int(metric.value)
+    return counts
 
 
 def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=None) -> dict:
@@ -277,7 +289,7 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
     if proxy:
         proxy.stats(reset=True)
     probe_ms = host_probe_ms()  # the host's speed beside each run (shared, noisy machines)
-    preempted = preemptions(engine)
+    counters = engine_counters(engine)
     tic = time.perf_counter()
     out = manager.run(DataProto.from_dict(non_tensors={"raw_prompt_ids": prompts}), params)
     wall = time.perf_counter() - tic
@@ -295,8 +307,9 @@ def one_rollout(engine, tokenizer, retriever, prompts, mode: str, args, proxy=No
                       ("mean_requests_in_engine", "mean_requests_in_engine")):
         if key in timing:
             result[name] = round(timing[key], 2)
-    if preempted is not None:
-        result["preemptions"] = preemptions(engine) - preempted
+    if counters is not None:
+        result.update({key: value - counters[key] for key, value in engine_counters(engine).items()})
+        result["prefilled_tokens"] = result["prompt_tokens"] - result["prefix_cache_hits"]
     if proxy:
         after = proxy.stats()
         result["proxy_requests"] = after["requests"]

@@ -258,3 +258,22 @@ def test_observation_cache_gives_the_uncached_ids_and_private_copies(tokenizer, 
         fresh, fresh_cut = SearchR1Environment(tokenizer, SearchTool(None), budget).observations._encode(content)
         assert again == fresh and cut_again == cut == fresh_cut == (budget == 40)
         assert len(cached._cache) == 1
+
+
+def test_sync_turns_send_the_rows_newest_first(tokenizer, retriever):
+    """Each sync turn sends its rows in the reverse of the last turn's order (the engine's prefix cache
+    evicts the least recently finished rows first); the output keeps the batch's row order."""
+    scripts = [["<search>a</search>", "<search>b</search>", "<answer>0</answer>"],
+               ["<answer>1</answer>"],
+               ["<search>c</search>", "<search>d</search>", "<answer>2</answer>"],
+               ["<search>e</search>", "<answer>3</answer>"]]
+    prompts, engine, out = run(tokenizer, retriever, scripts, "sync", max_turns=3, max_response_length=1000)
+
+    def rows_of(call):
+        return [next(i for i, p in enumerate(prompts) if context[:len(p)] == p) for context in call]
+
+    turns = [rows_of(call) for call in engine.calls]
+    assert turns == [[0, 1, 2, 3], [3, 2, 0], [0, 2], [2, 0, 3, 1]]  # 3 turns, then the EOS closing
+    answers = [response_text(tokenizer, out, row) for row in range(4)]
+    assert all(f"<answer>{row}</answer>" in text for row, text in enumerate(answers)), answers
+    assert out.batch["turns"].tolist() == [3, 1, 3, 2]

@@ -114,18 +114,29 @@ class MultiTurnRollout:
     # ---- sync mode ----------------------------------------------------------------------------
     def _run_sync(self, rows: list[Trajectory], params: SamplingParams,
                   on_turn: Callable[[TurnProgress], None] | None = None) -> dict[str, float]:
-        """Search-R1's turn loop over all active rows at once."""
+        """Search-R1's turn loop over all active rows at once.
+
+        Each turn sends its rows newest first: in the reverse of the order the last turn sent them,
+        then the rows that turn did not send, as they were. The engine admits requests
+        first come, first served, so a turn's rows finish roughly in the order they were sent, and its
+        prefix cache evicts the least recently freed blocks first: sent in the same order again, every
+        admitted row would evict the cached prefix of the row sent next. Newest first, the rows whose
+        prefixes are still cached run before the engine's new blocks reach them.
+        """
         self.timing = {"generation_s": 0.0, "tool_s": 0.0, "engine_calls": 0, "decode_steps": 0}
+        order = rows
         for turn in range(self.config.max_turns + 1):
-            active = [row for row in rows if row.active]
+            active = [row for row in order if row.active]
             if not active:
                 break
             outputs = self._generate(active, params)
             self._step(active, outputs, final=turn == self.config.max_turns)
+            sent = {id(row) for row in active}
+            order = active[::-1] + [row for row in order if id(row) not in sent]
             if on_turn is not None:
                 on_turn(TurnProgress(turn + 1, self.config.max_turns + 1, len(rows),
                                      sum(row.active for row in rows)))
-        answered = [row for row in rows if self.rules.wants_eos(row)]
+        answered = [row for row in order if self.rules.wants_eos(row)]
         if answered:
             for row, out in zip(answered, self._generate(answered, self.rules.eos_params(params))):
                 self.rules.accept_eos(row, out)
