@@ -51,6 +51,10 @@ def test_async_rollout_benchmark_reports_both_modes(tmp_path):
         for mode in ("sync", "async"):
             run = runs[mode]
             assert run["generated_tokens"] > 0 and run["searches"] > 0 and run["host_probe_ms"] > 0
+            # vLLM's counters over the run: every prompt token looked up in the prefix cache, the hits not prefilled
+            assert run["prompt_tokens"] == run["prefix_cache_queries"] > 0, run
+            assert 0 < run["prefix_cache_hits"] < run["prompt_tokens"], run
+            assert run["prefilled_tokens"] == run["prompt_tokens"] - run["prefix_cache_hits"]
         assert runs["ratio_sync_over_async"] == pytest.approx(runs["sync"]["rollout_s"] / runs["async"]["rollout_s"],
                                                             rel=0.01)
         assert runs["async"]["peak_searches_in_flight"] >= 1
