@@ -47,8 +47,8 @@ Figures per system and configuration (medians over the steps after ``--warmup``,
 step time and its split (``gen``, ``log_prob`` = old + reference log-probs (+ reward for TRL),
 ``update``, ``weight_sync``), generated tokens/s (over ``gen``; response tokens, observations included),
 whole-step tokens/s/GPU (prompt + response tokens over the step), searches a row (multi-turn), peak GPU
-memory of the whole device (``nvidia-smi``, sampled every second; the system's own allocator peak beside
-it), a host-speed probe before each run. Top level: ``ratio_step_vs_verl`` and ``ratio_step_vs_trl``
+memory of the whole device (``nvidia-smi``, sampled every second, with each process's share at that peak;
+the system's own torch allocator peaks beside it, allocated and reserved), a host-speed probe before each run. Top level: ``ratio_step_vs_verl`` and ``ratio_step_vs_trl``
 (their step / ours, by configuration; goal >= 1.2 and >= 2), ``ratio_memory_vs_verl`` / ``_vs_trl``
 (our peak / theirs; goal <= 1) and ``ratio_generated_vs_verl`` / ``_vs_trl`` (our generated tokens a step /
 theirs: far from 1, the step ratio compares unequal work). Saved to ``<out_dir>/vs_peers_gpu.json`` after
@@ -70,6 +70,8 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -83,7 +85,7 @@ from gpu_generation import host_probe_ms  # noqa: E402
 SYSTEMS = ("ours", "verl", "trl")
 PEERS = SYSTEMS[1:]
 RECORD_KEYS = ("step_s", "gen_s", "log_prob_s", "update_s", "weight_sync_s", "generated_tokens", "total_tokens",
-               "memory_gib", "searches")
+               "memory_gib", "memory_reserved_gib", "searches")
 
 CONFIGS = {
     "learning": BenchConfig("warm_start", None, 64, 8, 320, 320, 2e-5, 0.3, False, 65536, 64),
@@ -108,16 +110,25 @@ UNSUPPORTED = {
 
 
 # ---- per-step records, one reader per system -------------------------------------------------------
-def _timing_record(r: dict, cfg: BenchConfig, weight_sync_key: str, memory_gib: float | None,
+def _timing_record(r: dict, cfg: BenchConfig, weight_sync_key: str, memory_prefix: str,
                    searches: float | None = None) -> dict:
     """One step's record from a veRL-style flat metrics row (``timing_s/*``, ``response_length/mean``,
-    ``perf/total_num_tokens``: both trainers name them alike, the weight sync, memory and searches apart)."""
+    ``perf/total_num_tokens``: both trainers name them alike, the weight sync, memory and searches apart).
+    Memory: the torch allocator's peaks, allocated and reserved (GiB; the largest over the row's keys that
+    start with ``memory_prefix`` + ``max_memory_allocated_gb`` / ``max_memory_reserved_gb``): the reserved
+    peak less the allocated one is what the caching allocator held unused."""
     return {"step_s": r["timing_s/step"], "gen_s": r.get("timing_s/gen", 0.0),
             "log_prob_s": r.get("timing_s/old_log_prob", 0.0) + r.get("timing_s/ref", 0.0),
             "update_s": r.get("timing_s/update_actor", 0.0), "weight_sync_s": r.get(weight_sync_key, 0.0),
             "generated_tokens": r.get("response_length/mean", 0.0) * cfg.prompts * cfg.n,
-            "total_tokens": r.get("perf/total_num_tokens", 0.0), "memory_gib": memory_gib,
+            "total_tokens": r.get("perf/total_num_tokens", 0.0),
+            "memory_gib": _largest(r, memory_prefix + "max_memory_allocated_gb"),
+            "memory_reserved_gib": _largest(r, memory_prefix + "max_memory_reserved_gb"),
             "searches": searches if cfg.max_turns else None}
+
+
+def _largest(row: dict, prefix: str) -> float | None:
+    return max((v for k, v in row.items() if k.startswith(prefix)), default=None)
 
 
 def _step_rows(path: Path, unwrap) -> list[dict]:
@@ -130,9 +141,7 @@ def _step_rows(path: Path, unwrap) -> list[dict]:
 def ours_records(path: Path, cfg: BenchConfig) -> list[dict]:
     """Our ``metrics.jsonl`` (one flat row per step, ``timing_s/*``: verl/trainer/ppo/metric_utils.py;
     searches a row: ``env/number_of_valid_search``)."""
-    return [_timing_record(r, cfg, "timing_s/weight_sync",
-                           max((v for k, v in r.items() if k.startswith("perf/max_memory_allocated_gb")), default=None),
-                           r.get("env/number_of_valid_search"))
+    return [_timing_record(r, cfg, "timing_s/weight_sync", "perf/", r.get("env/number_of_valid_search"))
             for r in _step_rows(path, lambda row: row)]
 
 
@@ -142,7 +151,7 @@ def verl_records(path: Path, cfg: BenchConfig) -> list[dict]:
     ``response_length/mean``) and verl/workers/engine_workers.py (``perf/max_memory_allocated_gb`` of the
     update, prefixed ``actor/`` by the trainer's ``rename_dict``). Searches a row from ``num_turns/mean``
     (the tool agent loop counts ``user + assistant + 1`` turns, a search adding one of each to the answer's 2)."""
-    return [_timing_record(r, cfg, "timing_s/update_weights", r.get("actor/perf/max_memory_allocated_gb"),
+    return [_timing_record(r, cfg, "timing_s/update_weights", "actor/perf/",
                            (r["num_turns/mean"] - 2) / 2 if "num_turns/mean" in r else None)
             for r in _step_rows(path, lambda row: row["data"])]
 
@@ -151,7 +160,8 @@ def trl_records(path: Path, cfg: BenchConfig) -> list[dict]:
     """``benchmarks/peers/trl_gpu_run.py``'s ``{"steps": [...]}``."""
     if not path.exists():
         return []
-    return [{**{k: s.get(k) for k in RECORD_KEYS}, "memory_gib": s.get("max_memory_allocated_gib")}
+    return [{**{k: s.get(k) for k in RECORD_KEYS}, "memory_gib": s.get("max_memory_allocated_gib"),
+             "memory_reserved_gib": s.get("max_memory_reserved_gib")}
             for s in json.loads(path.read_text())["steps"]]
 
 
@@ -205,11 +215,14 @@ def value_of(result: dict, key: str) -> float | None:
 
 # ---- running ------------------------------------------------------------------------------------------
 class GpuMemorySampler(PeakSampler):
-    """Peak used memory of GPU 0 over all processes (``nvidia-smi``, GiB), sampled every ``interval_s``."""
+    """Peak used memory of GPU 0 over all processes (``nvidia-smi``, GiB), sampled every ``interval_s``; at
+    that peak, each process's share (``by_process``: :func:`process_label` -> GiB; empty where the driver
+    shows no processes, as in a container without the host's PID namespace)."""
 
     def __init__(self, interval_s: float = 1.0):
         super().__init__(interval_s)
         self.peak_gib = 0.0
+        self.by_process: dict[str, float] = {}
 
     @staticmethod
     def used_gib() -> float:
@@ -217,8 +230,43 @@ class GpuMemorySampler(PeakSampler):
                              capture_output=True, text=True)
         return float(out.stdout.strip() or 0.0) / 1024 if out.returncode == 0 else 0.0
 
+    @staticmethod
+    def process_gib() -> dict[str, float]:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits",
+                              "-i", "0"], capture_output=True, text=True)
+        if out.returncode != 0:
+            return {}
+        return {process_label(pid): round(gib, 2) for pid, gib in parse_compute_apps(out.stdout).items()}
+
     def sample(self) -> None:
-        self.peak_gib = max(self.peak_gib, self.used_gib())
+        used = self.used_gib()
+        if used > self.peak_gib:
+            self.peak_gib, self.by_process = used, self.process_gib()
+
+
+def parse_compute_apps(text: str) -> dict[int, float]:
+    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`` -> {pid: GiB}
+    (lines it cannot read, such as ``[N/A]`` memory, are left out)."""
+    usage = {}
+    for line in text.splitlines():
+        fields = [f.strip() for f in line.split(",")]
+        if len(fields) == 2 and fields[0].isdigit():
+            try:
+                usage[int(fields[0])] = float(fields[1]) / 1024
+            except ValueError:
+                continue
+    return usage
+
+
+def process_label(pid: int) -> str:
+    """``<title> (<pid>)``: the process's first command-line word (Ray workers show their actor's name
+    there, e.g. ``ray::WorkerDict.actor_rollout_generate_sequences``), its last 60 characters."""
+    try:
+        words = psutil.Process(pid).cmdline()
+    except (psutil.Error, OSError):
+        words = []
+    title = (words[0].split("/")[-1] if words else "?")[-60:]
+    return f"{title} ({pid})"
 
 
 def run_child(cmd: list[str], env: dict, cwd: Path, log_path: Path, deadline: float) -> int | None:
@@ -264,7 +312,8 @@ def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, d
     steps = reader(work / relative, cfg)
     result = {"command": cmd, "returncode": returncode, "wall_s": round(time.time() - started, 1),
               "host_probe_ms": round(probe, 1), "gpu_memory_before_gib": round(before, 2),
-              "peak_gpu_memory_gib": round(gpu.peak_gib, 2), "steps": steps, **summarise(steps, args.warmup)}
+              "peak_gpu_memory_gib": round(gpu.peak_gib, 2), "peak_gpu_memory_by_process_gib": gpu.by_process,
+              "steps": steps, **summarise(steps, args.warmup)}
     if system == "verl":
         result["verl_trainer"] = verl_trainer
     if returncode != 0:

@@ -16,7 +16,7 @@ with per step (seconds): ``step_s``, ``gen_s`` (vLLM generation), ``weight_sync_
 weights into vLLM, TRL's ``sync_weights``), ``log_prob_s`` (reward, old and reference log-probs:
 ``_generate_and_score_completions`` less generation and sync), ``update_s`` (the rest of the step),
 ``generated_tokens``, ``total_tokens`` (prompt + completion tokens, no padding) and
-``max_memory_allocated_gib`` (this process, vLLM's pool included).
+``max_memory_allocated_gib`` / ``max_memory_reserved_gib`` (this process's torch allocator, vLLM's pool included).
 """
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def step_callback():
         def on_step_end(self, args, state, control, **kw):
             torch.cuda.synchronize()
             self.steps.append({"step_s": time.perf_counter() - self._started,
-                               "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30})
+                               "max_memory_allocated_gib": torch.cuda.max_memory_allocated() / 2**30,
+                               "max_memory_reserved_gib": torch.cuda.max_memory_reserved() / 2**30})
 
     return StepTimer()
 

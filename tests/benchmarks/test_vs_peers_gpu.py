@@ -114,7 +114,9 @@ def test_each_systems_records_summarise_into_medians_and_ratios(tmp_path):
     ours.write_text("".join(json.dumps({"step": i + 1, "timing_s/step": s, "timing_s/gen": s / 2, "timing_s/ref": 1.0,
                                         "timing_s/update_actor": 2.0, "timing_s/weight_sync": 0.1,
                                         "response_length/mean": 100.0, "perf/total_num_tokens": 1000.0 * s,
-                                        "perf/max_memory_allocated_gb/update_actor": 20.0 + i}) + "\n"
+                                        "perf/max_memory_allocated_gb/update_actor": 20.0 + i,
+                                        "perf/max_memory_allocated_gb/ref": 10.0,
+                                        "perf/max_memory_reserved_gb/update_actor": 30.0 + i}) + "\n"
                             for i, s in enumerate((60.0, 6.0, 8.0, 7.0))))
     # veRL 0.9.1: verl/utils/tracking.py FileLogger.log writes {"step": N, "data": {...}} (orjson) a line
     verl = tmp_path / "verl_metrics.jsonl"
@@ -122,11 +124,13 @@ def test_each_systems_records_summarise_into_medians_and_ratios(tmp_path):
                                                                 "timing_s/old_log_prob": 1.0, "timing_s/ref": 1.0,
                                                                 "timing_s/update_actor": 3.0, "timing_s/update_weights": 0.5,
                                                                 "response_length/mean": 200.0, "perf/total_num_tokens": 5e5,
-                                                                "actor/perf/max_memory_allocated_gb": 30.0}}) + "\n"
+                                                                "actor/perf/max_memory_allocated_gb": 30.0,
+                                                                "actor/perf/max_memory_reserved_gb": 35.0}}) + "\n"
                             for i, s in enumerate((90.0, 10.0, 12.0, 11.0))))
     steps = bench.ours_records(ours, cfg)
     assert [s["step_s"] for s in steps] == [60.0, 6.0, 8.0, 7.0] and steps[1]["log_prob_s"] == 1.0
     assert steps[0]["generated_tokens"] == 100.0 * 64 * 8 and steps[3]["memory_gib"] == 23.0
+    assert steps[3]["memory_reserved_gib"] == 33.0  # the largest over the phases, allocated and reserved apart
     summary = bench.summarise(steps, warmup=1)
     assert summary["steps_measured"] == 3 and summary["enough_steps"] and summary["median"]["step_s"] == 7.0
     assert summary["generated_tokens_per_s"] == pytest.approx(51200 / 3.5)
@@ -134,7 +138,7 @@ def test_each_systems_records_summarise_into_medians_and_ratios(tmp_path):
     verl_steps = bench.verl_records(verl, cfg)
     assert verl_steps[1] == {"step_s": 10.0, "gen_s": 4.0, "log_prob_s": 2.0, "update_s": 3.0, "weight_sync_s": 0.5,
                              "generated_tokens": 200.0 * 64 * 8, "total_tokens": 5e5, "memory_gib": 30.0,
-                             "searches": None}
+                             "memory_reserved_gib": 35.0, "searches": None}
     results = {"learning": {"ours": {**summary, "peak_gpu_memory_gib": 50.0},
                             "verl": {**bench.summarise(verl_steps, 1), "peak_gpu_memory_gib": 80.0},
                             "trl": {"steps_measured": 0, "peak_gpu_memory_gib": 40.0}}}
@@ -162,16 +166,28 @@ def test_search_records_count_searches_a_row_in_both_systems(tmp_path):
 
 
 def test_trl_steps_join_the_callbacks_times_with_generation_and_sync(tmp_path):
-    steps = [{"step_s": 30.0, "max_memory_allocated_gib": 40.0}, {"step_s": 10.0, "max_memory_allocated_gib": 41.0}]
+    steps = [{"step_s": 30.0, "max_memory_allocated_gib": 40.0, "max_memory_reserved_gib": 45.0},
+             {"step_s": 10.0, "max_memory_allocated_gib": 41.0, "max_memory_reserved_gib": 46.0}]
     bench_times = {"gen_s": [20.0, 5.0], "score_s": [25.0, 7.0], "sync_s": [0.4], "generated_tokens": [900, 800],
                    "total_tokens": [1900, 1800]}
     records = trl_gpu_run.step_records(steps, bench_times)
     assert records[0]["weight_sync_s"] == 0.0 and records[0]["gen_s"] == 20.0  # no push before the first step
-    assert records[1] == {"step_s": 10.0, "max_memory_allocated_gib": 41.0, "gen_s": 4.6, "weight_sync_s": 0.4,
+    assert records[1] == {"step_s": 10.0, "max_memory_allocated_gib": 41.0, "max_memory_reserved_gib": 46.0,
+                          "gen_s": 4.6, "weight_sync_s": 0.4,
                           "log_prob_s": 2.0, "update_s": 3.0, "generated_tokens": 800, "total_tokens": 1800}
     path = tmp_path / "trl_steps.json"
     path.write_text(json.dumps({"steps": records}))
-    assert bench.trl_records(path, bench.CONFIGS["learning"])[1]["memory_gib"] == 41.0
+    record = bench.trl_records(path, bench.CONFIGS["learning"])[1]
+    assert (record["memory_gib"], record["memory_reserved_gib"]) == (41.0, 46.0)
+
+
+def test_the_gpu_peak_names_each_process_share():
+    """nvidia-smi's compute-apps lines -> {pid: GiB}; a process is named by its command line's first word."""
+    text = "1234, 40960\n  77, 1024 \n88, [N/A]\nNo running processes found\n"
+    assert bench.parse_compute_apps(text) == {1234: 40.0, 77: 1.0}
+    label = bench.process_label(os.getpid())  # this interpreter: python, python3, python3.11 ...
+    assert label.startswith("python") and label.endswith(f" ({os.getpid()})"), label
+    assert bench.process_label(2**22 + 12345) == f"? ({2**22 + 12345})"  # gone (or never was): still one label
 
 
 def test_each_child_sees_its_own_site_only(tmp_path, monkeypatch):
