@@ -50,9 +50,10 @@ whole-step tokens/s/GPU (prompt + response tokens over the step), searches a row
 memory of the whole device (``nvidia-smi``, sampled every second, with each process's share at that peak;
 the system's own torch allocator peaks beside it, allocated and reserved), a host-speed probe before each
 run. Top level: ``ratio_step_vs_verl`` and ``ratio_step_vs_trl`` (their step / ours, by configuration;
-goal >= 1.2 and >= 2), ``ratio_memory_vs_verl`` / ``_vs_trl`` (our peak / theirs; goal <= 1) and ``ratio_generated_vs_verl`` / ``_vs_trl`` (our generated tokens a step /
-theirs: far from 1, the step ratio compares unequal work). Saved to ``<out_dir>/vs_peers_gpu.json`` after
-every run, so a run cut by the hold keeps what finished.
+goal >= 1.2 and >= 2), ``ratio_memory_vs_verl`` / ``_vs_trl`` (our peak / theirs; goal <= 1) and
+``ratio_generated_vs_verl`` / ``_vs_trl`` (our generated tokens a step / theirs: far from 1, the step ratio
+compares unequal work). Saved to ``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by the hold
+keeps what finished.
 """
 
 from __future__ import annotations
