@@ -185,8 +185,12 @@ def test_the_gpu_peak_names_each_process_share():
     """nvidia-smi's compute-apps lines -> {pid: GiB}; a process is named by its command line's first word."""
     text = "1234, 40960\n  77, 1024 \n88, [N/A]\nNo running processes found\n"
     assert bench.parse_compute_apps(text) == {1234: 40.0, 77: 1.0}
-    label = bench.process_label(os.getpid())  # this interpreter: python, python3, python3.11 ...
-    assert label.startswith("python") and label.endswith(f" ({os.getpid()})"), label
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert bench.process_label(child.pid) == f"{Path(sys.executable).name} ({child.pid})"
+    finally:
+        child.kill()
+        child.wait()
     assert bench.process_label(2**22 + 12345) == f"? ({2**22 + 12345})"  # gone (or never was): still one label
 
 
