@@ -111,7 +111,9 @@ class Worker:
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def worker_info(self) -> dict:
-        """This rank's identity: ``{"rank", "world_size", "local_rank", "pid", "hostname"}``."""
+        """This rank's identity and CPU share: ``{"rank", "world_size", "local_rank", "pid", "hostname",
+        "torch_threads"}`` (a diagnostic through the real dispatch path: which process and host each rank
+        runs in, and the intra-op threads it took)."""
         return {
             "rank": self.rank,
             "world_size": self.world_size,

@@ -129,10 +129,10 @@ class MultiTurnRollout:
             active = [row for row in order if row.active]
             if not active:
                 break
+            ended = [row for row in order if not row.active]
             outputs = self._generate(active, params)
             self._step(active, outputs, final=turn == self.config.max_turns)
-            sent = {id(row) for row in active}
-            order = active[::-1] + [row for row in order if id(row) not in sent]
+            order = active[::-1] + ended
             if on_turn is not None:
                 on_turn(TurnProgress(turn + 1, self.config.max_turns + 1, len(rows),
                                      sum(row.active for row in rows)))
