@@ -261,13 +261,21 @@ def parse_compute_apps(text: str) -> dict[int, float]:
 
 def process_label(pid: int) -> str:
     """``<title> (<pid>)``: the process's first command-line word (Ray workers show their actor's name
-    there, e.g. ``ray::WorkerDict.actor_rollout_generate_sequences``), its last 60 characters."""
+    there, e.g. ``ray::WorkerDict.actor_rollout_generate_sequences``), its last 60 characters; where the
+    command line cannot be read (some sandboxes hide it), the kernel's process name; ``?`` when neither."""
     try:
-        words = psutil.Process(pid).cmdline()
+        process = psutil.Process(pid)
     except (psutil.Error, OSError):
-        words = []
-    title = (words[0].split("/")[-1] if words else "?")[-60:]
-    return f"{title} ({pid})"
+        return f"? ({pid})"
+    title = "?"
+    for read in (lambda: process.cmdline()[0].split("/")[-1], process.name):
+        try:
+            title = read() or "?"
+        except (psutil.Error, OSError, IndexError):
+            continue
+        if title != "?":
+            break
+    return f"{title[-60:]} ({pid})"
 
 
 def run_child(cmd: list[str], env: dict, cwd: Path, log_path: Path, deadline: float) -> int | None:
