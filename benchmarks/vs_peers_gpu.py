@@ -71,7 +71,6 @@ from contextlib import contextmanager
 from dataclasses import asdict, replace
 from pathlib import Path
 
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -262,20 +261,18 @@ def parse_compute_apps(text: str) -> dict[int, float]:
 def process_label(pid: int) -> str:
     """``<title> (<pid>)``: the process's first command-line word (Ray workers show their actor's name
     there, e.g. ``ray::WorkerDict.actor_rollout_generate_sequences``), its last 60 characters; where the
-    command line cannot be read (some sandboxes hide it), the kernel's process name; ``?`` when neither."""
-    try:
-        process = psutil.Process(pid)
-    except (psutil.Error, OSError):
-        return f"? ({pid})"
-    title = "?"
-    for read in (lambda: process.cmdline()[0].split("/")[-1], process.name):
+    command line is empty or hidden (some sandboxes), the kernel's name for it; ``?`` when neither is
+    readable (the process is gone)."""
+    title = ""
+    for name in ("cmdline", "comm"):
         try:
-            title = read() or "?"
-        except (psutil.Error, OSError, IndexError):
+            text = Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace")
+        except OSError:
             continue
-        if title != "?":
+        title = text.split("\0")[0].strip().split("/")[-1]
+        if title:
             break
-    return f"{title[-60:]} ({pid})"
+    return f"{(title or '?')[-60:]} ({pid})"
 
 
 def run_child(cmd: list[str], env: dict, cwd: Path, log_path: Path, deadline: float) -> int | None:
