@@ -53,7 +53,8 @@ run. Top level: ``ratio_step_vs_verl`` and ``ratio_step_vs_trl`` (their step / o
 goal >= 1.2 and >= 2), ``ratio_memory_vs_verl`` / ``_vs_trl`` (our peak / theirs; goal <= 1) and
 ``ratio_generated_vs_verl`` / ``_vs_trl`` (our generated tokens a step / theirs: far from 1, the step ratio
 compares unequal work). Saved to ``<out_dir>/vs_peers_gpu.json`` after every run, so a run cut by the hold
-keeps what finished.
+keeps what finished. ``--ours_variant LABEL=OVERRIDE[;OVERRIDE...]`` also runs ours with those overrides
+(system ``ours-LABEL``, right after ours); ``variants`` in the report compares it with ours and the peers.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -301,20 +303,15 @@ def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, d
     work = Path(args.work_dir) / f"{name}_{system}"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    if system == "verl":
-        cmd = verl_command(cfg, inputs, args.steps, work, name, verl_trainer)
-    else:
-        cmd = {"ours": ours_command, "trl": trl_command}[system](cfg, inputs, args.steps, work, name)
-    env = child_env(system, work)
+    cmd, env, cwd = launch(system, name, cfg, inputs, args, work, verl_trainer)
     probe, before, started = host_probe_ms(), GpuMemorySampler.used_gib(), time.time()
     print(f"+ [{name}/{system}] {' '.join(cmd)}", flush=True)
-    # ours from the repo root (its scripts' relative paths); the peers outside it (our verl/ would shadow veRL)
     with GpuMemorySampler() as gpu:
-        returncode = run_child(cmd, env, ROOT if system == "ours" else work, work / "run.log",
+        returncode = run_child(cmd, env, cwd, work / "run.log",
                                min(deadline, started + (args.run_timeout_s or RUN_TIMEOUT_S[name])))
-    if system != "trl":
+    if base_system(system) != "trl":
         stop_ray(env)
-    relative, reader = RECORDS[system]
+    relative, reader = RECORDS[base_system(system)]
     steps = reader(work / relative, cfg)
     result = {"command": cmd, "returncode": returncode, "wall_s": round(time.time() - started, 1),
               "host_probe_ms": round(probe, 1), "gpu_memory_before_gib": round(before, 2),
@@ -322,9 +319,25 @@ def run_system(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, d
               "steps": steps, **summarise(steps, args.warmup)}
     if system == "verl":
         result["verl_trainer"] = verl_trainer
+    if system in args.ours_variants:
+        result["overrides"] = args.ours_variants[system]
     if returncode != 0:
         result["log_tail"] = (work / "run.log").read_text(errors="replace").splitlines()[-40:]
     return result
+
+
+def launch(system: str, name: str, cfg: BenchConfig, inputs: Inputs, args, work: Path,
+           verl_trainer: str = "v1") -> tuple[list[str], dict, Path]:
+    """A run's command line, environment and folder: a variant of ours (``ours-LABEL``) is ours with its
+    overrides last (Hydra's last value wins). Ours runs from the repo root (its scripts' relative paths),
+    the peers from ``work``, outside it (our ``verl/`` would shadow veRL)."""
+    base = base_system(system)
+    if base == "verl":
+        cmd = verl_command(cfg, inputs, args.steps, work, name, verl_trainer)
+    else:
+        cmd = {"ours": ours_command, "trl": trl_command}[base](cfg, inputs, args.steps, work, name)
+        cmd += args.ours_variants.get(system, [])
+    return cmd, child_env(base, work), ROOT if base == "ours" else work
 
 
 def out_of_memory(result: dict) -> bool:
@@ -436,13 +449,45 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--min_run_s", type=float, default=150.0, help="start no run with less of the budget left")
     parser.add_argument("--verl_trainer", choices=("v1", "v0"), default=None,
                         help="only this veRL trainer (default: v1, falling back to v0 when v1 logs no step)")
+    parser.add_argument("--ours_variant", action="append", default=[], metavar="LABEL=OVERRIDE[;OVERRIDE...]",
+                        help="also run ours with these Hydra overrides added, right after ours, as system "
+                             "ours-LABEL (repeatable); the report compares it with ours and the peers")
     args = parser.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.systems = [s for s in args.systems.split(",") if s]
     unknown = [c for c in args.configs if c not in CONFIGS] + [s for s in args.systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown configurations or systems {unknown}; known: {sorted(CONFIGS)}, {list(SYSTEMS)}")
+    try:
+        args.ours_variants = dict(parse_variant(spec) for spec in args.ours_variant)
+    except ValueError as err:
+        parser.error(str(err))
+    if args.ours_variants and "ours" not in args.systems:
+        parser.error("--ours_variant runs beside ours: add ours to --systems")
+    at = args.systems.index("ours") + 1 if args.ours_variants else 0
+    args.systems[at:at] = list(args.ours_variants)
     return args
+
+
+VARIANT_LABEL = re.compile(r"^[a-z0-9_]+$")
+
+
+def parse_variant(spec: str) -> tuple[str, list[str]]:
+    """``LABEL=OVERRIDE[;OVERRIDE...]`` -> (``ours-LABEL``, overrides).
+
+    Raises:
+        ValueError: naming the spec, when the label is not ``[a-z0-9_]+`` or an override is not ``key=value``.
+    """
+    label, _, rest = spec.partition("=")
+    overrides = [o.strip() for o in rest.split(";") if o.strip()]
+    if not VARIANT_LABEL.match(label) or not overrides or any("=" not in o for o in overrides):
+        raise ValueError(f"--ours_variant {spec!r}: expected LABEL=KEY=VALUE[;KEY=VALUE...], LABEL of [a-z0-9_]")
+    return f"ours-{label}", overrides
+
+
+def base_system(system: str) -> str:
+    """``ours`` for ``ours`` and its variants (``ours-LABEL``), else the system itself."""
+    return "ours" if system.startswith("ours-") else system
 
 
 def skipped(name: str, system: str, deadline: float, args) -> dict | None:
@@ -480,10 +525,30 @@ def main(argv=None) -> int:
 
 def report(results: dict, args) -> dict:
     """The JSON's body: ratios first, the configurations, the runs."""
-    return {**ratio_block(results), "ratio_absent": absent_ratios(results),
+    return {**ratio_block(results), "ratio_absent": absent_ratios(results), "variants": variant_ratios(results, args),
             "goal": "ratio_step_vs_verl >= 1.2 and ratio_step_vs_trl >= 2 on every configuration, ratio_memory_* <= 1",
             "configs": {name: config_record(CONFIGS[name], args) for name in results},
             "steps_per_run": args.steps, "warmup_steps": args.warmup, "results": results}
+
+
+def variant_ratios(results: dict, args) -> dict:
+    """By variant of ours (``ours-LABEL``) and configuration: its overrides and, against plain ours and
+    each peer run beside it, the step ratio (the other's step / the variant's) and the memory ratio (the
+    variant's peak / the other's), as the top-level ratios compare ours."""
+    out: dict = {}
+    for name, systems in results.items():
+        for variant in (s for s in systems if s.startswith("ours-")):
+            runs = {k: v for k, v in systems.items() if k in SYSTEMS}
+            as_ours = {name: {**runs, "ours": systems[variant], "plain": systems.get("ours", {})}}
+            entry = {"overrides": args.ours_variants.get(variant) or systems[variant].get("overrides", [])}
+            for other in ("plain", *PEERS):
+                for kind in ("step", "memory"):
+                    key, ours_over = RATIOS[kind]
+                    figure = ratios(as_ours, other, key, ours_over).get(name)
+                    if figure is not None:
+                        entry[f"{kind}_vs_{'ours' if other == 'plain' else other}"] = figure
+            out.setdefault(variant, {})[name] = entry
+    return out
 
 
 def config_record(cfg: BenchConfig, args) -> dict:

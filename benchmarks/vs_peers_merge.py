@@ -9,7 +9,8 @@ ours + veRL in one hold and ours + TRL in another. For each configuration and pe
 command line where both ran enough measured steps (``enough_steps``) gives ``ratio_step_vs_<peer>``,
 ``ratio_memory_vs_<peer>`` and ``ratio_generated_vs_<peer>`` (the tokens the two steps generated); ``pairs``
 names that hold's file with the two runs' summaries (their per-step records, commands and log tails stay in
-the hold's own JSON); ``holds`` lists each input's file and meta.
+the hold's own JSON); ``variants`` keeps the holds' variants of ours (``--ours_variant``), each compared
+within its own hold; ``holds`` lists each input's file and meta.
 """
 from __future__ import annotations
 
@@ -63,8 +64,19 @@ def merge(holds: list[tuple[str, dict]]) -> dict:
                 pairs[peer][name] = {"hold": label, **{system: {k: v for k, v in run.items() if k not in DETAIL}
                                                         for system, run in both[name].items()}}
     goal = next((hold["goal"] for _, hold in reversed(holds) if "goal" in hold), None)
-    return {**report, "ratio_absent": absent, "goal": goal, "pairs": pairs,
+    return {**report, "ratio_absent": absent, "goal": goal, "pairs": pairs, "variants": merged_variants(holds),
             "holds": [{"file": label, "meta": hold["meta"]} for label, hold in holds]}
+
+
+def merged_variants(holds: list[tuple[str, dict]]) -> dict:
+    """Each hold's ``variants`` block (ours with added overrides against ours and the peers of that hold),
+    by variant and configuration, the last hold that ran it winning, with its file as ``hold``."""
+    out: dict = {}
+    for label, hold in holds:
+        for variant, by_config in hold.get("variants", {}).items():
+            for name, entry in by_config.items():
+                out.setdefault(variant, {})[name] = {"hold": label, **entry}
+    return out
 
 
 def main(argv=None) -> int:

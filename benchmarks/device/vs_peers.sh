@@ -22,7 +22,8 @@
 #                                                    # less this call's time less END_MARGIN_S (60), or BUDGET_S
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/vs_peers.sh   # repeat until it prints "vs_peers: done"
 # Env for start: CONFIGS (learning,qwen1.5b; or search, or all three), SYSTEMS (ours,verl,trl), STEPS (5),
-# ARGS (more flags). qwen1.5b's three runs do not fit one hold: CONFIGS=qwen1.5b SYSTEMS=ours,verl STEPS=4 in
+# ARGS (more flags; e.g. ARGS="--ours_variant mb32k=actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768" also
+# runs ours with that override right after ours, reported under "variants"). qwen1.5b's three runs do not fit one hold: CONFIGS=qwen1.5b SYSTEMS=ours,verl STEPS=4 in
 # one, SYSTEMS=ours,trl STEPS=4 in another; keep each hold's JSON as benchmarks/results/
 # vs_peers_gpu_<date>_hold<N>.json and rebuild the report with benchmarks/vs_peers_merge.py.
 # /tmp/vs_peers keeps data, models, indexes, logs and the merged JSON between calls; each poll's $OUT gets

@@ -464,6 +464,33 @@ def test_verl_falls_back_to_v0_then_halves_its_token_budget_after_running_out_of
     assert calls == [("verl", "v0", full)]
 
 
+def test_a_variant_of_ours_runs_beside_ours_with_its_overrides_and_is_compared_with_both(tmp_path, monkeypatch):
+    mb32k = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768"
+    args = bench.parse_args(["--warm_start", "/w", "--work_dir", str(tmp_path), "--systems", "trl,ours,verl",
+                             "--ours_variant", f"mb32k={mb32k}", "--ours_variant", "two=trainer.seed=3; data.seed=4"])
+    assert args.systems == ["trl", "ours", "ours-mb32k", "ours-two", "verl"]
+    assert args.ours_variants == {"ours-mb32k": [mb32k], "ours-two": ["trainer.seed=3", "data.seed=4"]}
+    for bad in (["--ours_variant", "MB=a=1"], ["--ours_variant", "mb=a"], ["--ours_variant", "mb="],
+                ["--systems", "trl", "--ours_variant", "mb=a=1"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--warm_start", "/w", *bad])
+    # its command is ours with the overrides last (Hydra: the last value wins), and passes our config check
+    cfg, work = bench.CONFIGS["learning"], tmp_path / "learning_ours-mb32k"
+    cmd, env, cwd = bench.launch("ours-mb32k", "learning", cfg, INPUTS, args, work)
+    assert cmd == commands.ours_command(cfg, INPUTS, args.steps, work, "learning") + [mb32k]
+    assert cwd == ROOT and env == commands.child_env("ours", work)
+    assert bench.launch("ours", "learning", cfg, INPUTS, args, work)[0] == cmd[:-1]
+    config = parse_config(cmd[cmd.index("+recipe=search_r1_grpo"):])
+    assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768
+    # the report: the variant against plain ours and each peer, as the top-level ratios compare ours
+    run = lambda step_s, peak: {"median": {"step_s": step_s}, "peak_gpu_memory_gib": peak}  # noqa: E731
+    results = {"learning": {"ours": run(4.0, 100.0), "ours-mb32k": run(5.0, 80.0), "trl": run(10.0, 88.0)}}
+    body = bench.report(results, args)
+    assert body["ratio_step_vs_trl"] == {"learning": 2.5}  # plain ours
+    assert body["variants"] == {"ours-mb32k": {"learning": {
+        "overrides": [mb32k], "step_vs_ours": 0.8, "memory_vs_ours": 0.8, "step_vs_trl": 2.0, "memory_vs_trl": 0.909}}}
+
+
 def test_every_configuration_has_a_run_limit():
     assert set(bench.RUN_TIMEOUT_S) == set(bench.CONFIGS)
     assert bench.parse_args(["--warm_start", "/m"]).run_timeout_s is None  # then the configuration's

@@ -25,7 +25,8 @@ def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
         "qwen1.5b": {"ours": hold_run(150.0, 100.0, tokens=3e5), "verl": hold_run(300.0, 125.0, tokens=2e5)},
         "learning": {"ours": hold_run(3.0, 90.0), "trl": hold_run(9.0, 95.0, enough=False)}}}
     b = {"meta": {"commit": "b"}, "goal": "g", "ratio_absent": {"search": {"trl": "why"}}, "results": {
-        "qwen1.5b": {"ours": hold_run(160.0, 100.0), "trl": hold_run(320.0, 110.0)}}}
+        "qwen1.5b": {"ours": hold_run(160.0, 100.0), "trl": hold_run(320.0, 110.0)}},
+         "variants": {"ours-mb32k": {"qwen1.5b": {"overrides": ["k=1"], "memory_vs_trl": 0.7}}}}
     paths = []
     for name, hold in (("hold_a.json", a), ("hold_b.json", b)):
         paths.append(tmp_path / name)
@@ -43,6 +44,9 @@ def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
     assert merged["pairs"]["trl"]["qwen1.5b"]["ours"]["median"] == {"step_s": 160.0}
     assert "learning" not in merged["ratio_step_vs_trl"]  # TRL's run there had too few steps
     assert merged["ratio_absent"] == {"search": {"trl": "why"}}
+    # a variant of ours keeps the comparison its own hold made
+    assert merged["variants"] == {"ours-mb32k": {"qwen1.5b": {"hold": "hold_b.json", "overrides": ["k=1"],
+                                                               "memory_vs_trl": 0.7}}}
     assert merged["holds"] == [{"file": "hold_a.json", "meta": {"commit": "a"}},
                                {"file": "hold_b.json", "meta": {"commit": "b"}}]
     bad = tmp_path / "bad.json"
