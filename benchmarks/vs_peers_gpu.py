@@ -525,22 +525,21 @@ def main(argv=None) -> int:
 
 def report(results: dict, args) -> dict:
     """The JSON's body: ratios first, the configurations, the runs."""
-    return {**ratio_block(results), "ratio_absent": absent_ratios(results), "variants": variant_ratios(results, args),
+    return {**ratio_block(results), "ratio_absent": absent_ratios(results), "variants": variant_ratios(results),
             "goal": "ratio_step_vs_verl >= 1.2 and ratio_step_vs_trl >= 2 on every configuration, ratio_memory_* <= 1",
             "configs": {name: config_record(CONFIGS[name], args) for name in results},
             "steps_per_run": args.steps, "warmup_steps": args.warmup, "results": results}
 
 
-def variant_ratios(results: dict, args) -> dict:
+def variant_ratios(results: dict) -> dict:
     """By variant of ours (``ours-LABEL``) and configuration: its overrides and, against plain ours and
     each peer run beside it, the step ratio (the other's step / the variant's) and the memory ratio (the
     variant's peak / the other's), as the top-level ratios compare ours."""
     out: dict = {}
     for name, systems in results.items():
         for variant in (s for s in systems if s.startswith("ours-")):
-            runs = {k: v for k, v in systems.items() if k in SYSTEMS}
-            as_ours = {name: {**runs, "ours": systems[variant], "plain": systems.get("ours", {})}}
-            entry = {"overrides": args.ours_variants.get(variant) or systems[variant].get("overrides", [])}
+            as_ours = {name: {**systems, "ours": systems[variant], "plain": systems.get("ours", {})}}
+            entry = {"overrides": systems[variant].get("overrides", [])}
             for other in ("plain", *PEERS):
                 for kind in ("step", "memory"):
                     key, ours_over = RATIOS[kind]

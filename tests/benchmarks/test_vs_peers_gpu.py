@@ -484,7 +484,8 @@ def test_a_variant_of_ours_runs_beside_ours_with_its_overrides_and_is_compared_w
     assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768
     # the report: the variant against plain ours and each peer, as the top-level ratios compare ours
     run = lambda step_s, peak: {"median": {"step_s": step_s}, "peak_gpu_memory_gib": peak}  # noqa: E731
-    results = {"learning": {"ours": run(4.0, 100.0), "ours-mb32k": run(5.0, 80.0), "trl": run(10.0, 88.0)}}
+    results = {"learning": {"ours": run(4.0, 100.0), "ours-mb32k": {**run(5.0, 80.0), "overrides": [mb32k]},
+                            "trl": run(10.0, 88.0)}}
     body = bench.report(results, args)
     assert body["ratio_step_vs_trl"] == {"learning": 2.5}  # plain ours
     assert body["variants"] == {"ours-mb32k": {"learning": {
