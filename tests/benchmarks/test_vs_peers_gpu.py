@@ -185,8 +185,12 @@ def test_the_gpu_peak_names_each_process_share():
     """nvidia-smi's compute-apps lines -> {pid: GiB}; a process is named by its command line's first word."""
     text = "1234, 40960\n  77, 1024 \n88, [N/A]\nNo running processes found\n"
     assert bench.parse_compute_apps(text) == {1234: 40.0, 77: 1.0}
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    child = subprocess.Popen([sys.executable, "-c", "print('up', flush=True); import time; time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
     try:
+        # Popen returns while the kernel may still be setting up the new program (its command line
+        # empty for a moment): wait until the child runs
+        assert child.stdout.readline().strip() == "up"
         label = bench.process_label(child.pid)
         assert label.endswith(f" ({child.pid})")
         if Path("/proc/self").resolve().name == str(os.getpid()):  # else /proc shows another PID namespace
@@ -195,7 +199,7 @@ def test_the_gpu_peak_names_each_process_share():
                              f"{Path(os.path.realpath(sys.executable)).name[:15]} ({child.pid})"}
     finally:
         child.kill()
-        child.wait()
+        child.communicate()
     assert bench.process_label(2**22 + 12345) == f"? ({2**22 + 12345})"  # gone (or never was): still one label
 
 
