@@ -296,16 +296,19 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
     return layers
 
 
-def compile_decoder_layers(model: nn.Module) -> int:
+def compile_decoder_layers(model: nn.Module, backend: str = "inductor") -> int:
     """``torch.compile`` each decoder layer in place (dynamic shapes); returns how many.
 
     Per layer and before FSDP2 wraps it, as torchtitan does: FSDP2's hooks stay outside the
-    compiled code, and the layers share one compiled graph. Eager, RMSNorm, rotary embeddings and
-    SiLU-gating run as separate memory-bound kernels; compiled they fuse (gain: docs/benchmarks.md).
+    compiled code, and the layers share one compiled graph per grad mode, whatever the packed
+    length (a layer that recompiled would, past dynamo's recompile limit, run eager). Eager,
+    RMSNorm, rotary embeddings and SiLU-gating run as separate memory-bound kernels; compiled
+    they fuse (gain: docs/benchmarks.md). ``backend``: dynamo's backend (``"eager"`` traces and
+    guards as inductor does without generating code).
     """
     layers = decoder_layers(model)
     for layer in layers:
-        layer.compile(dynamic=True)
+        layer.compile(dynamic=True, backend=backend)
     return len(layers)
 
 
