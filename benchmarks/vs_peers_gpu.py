@@ -202,11 +202,18 @@ def ratios(results: dict, peer: str, key: str, ours_over_peer: bool) -> dict:
     """By configuration: the peer's figure over ours (step time), or ours over the peer's (memory, work)."""
     out = {}
     for name, systems in results.items():
-        ours, theirs = systems.get("ours", {}), systems.get(peer, {})
-        a, b = value_of(ours, key), value_of(theirs, key)
-        if a and b:
-            out[name] = round(a / b if ours_over_peer else b / a, 3)
+        figure = ratio(systems.get("ours", {}), systems.get(peer, {}), key, ours_over_peer)
+        if figure is not None:
+            out[name] = figure
     return out
+
+
+def ratio(ours: dict, theirs: dict, key: str, ours_over_peer: bool) -> float | None:
+    """One ratio of two runs' ``key`` (see :func:`ratios`); None when either lacks it."""
+    a, b = value_of(ours, key), value_of(theirs, key)
+    if not (a and b):
+        return None
+    return round(a / b if ours_over_peer else b / a, 3)
 
 
 def value_of(result: dict, key: str) -> float | None:
@@ -538,14 +545,12 @@ def variant_ratios(results: dict) -> dict:
     out: dict = {}
     for name, systems in results.items():
         for variant in (s for s in systems if s.startswith("ours-")):
-            as_ours = {name: {**systems, "ours": systems[variant], "plain": systems.get("ours", {})}}
             entry = {"overrides": systems[variant].get("overrides", [])}
-            for other in ("plain", *PEERS):
+            for other in ("ours", *PEERS):
                 for kind in ("step", "memory"):
-                    key, ours_over = RATIOS[kind]
-                    figure = ratios(as_ours, other, key, ours_over).get(name)
+                    figure = ratio(systems[variant], systems.get(other, {}), *RATIOS[kind])
                     if figure is not None:
-                        entry[f"{kind}_vs_{'ours' if other == 'plain' else other}"] = figure
+                        entry[f"{kind}_vs_{other}"] = figure
             out.setdefault(variant, {})[name] = entry
     return out
 
