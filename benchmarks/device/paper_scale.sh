@@ -9,6 +9,9 @@
 #   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-3b ALGOS=grpo,ppo bash benchmarks/device/paper_scale.sh
 #                                                         # detached: each shape's runs, one after the other
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/paper_scale.sh   # repeat until "paper_scale: done"
+# A baseline and a variant back to back in one start (issue 30's whole step, sync then async):
+#   ... STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo STEPS=3 THEN_VARIANT=async
+#   THEN_EXTRA="actor_rollout_ref.rollout.mode=async actor_rollout_ref.rollout.engine_process=true" bash ...
 # On a machine of several GPUs (kind nvidia-h200-x2), issue 28's scaling: the 1.5B shape's GRPO step on one
 # GPU, then on two, each GPU with the same share of the batch (the report's "scaling" compares them):
 #   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo GPU_COUNTS=1,2 bash benchmarks/device/paper_scale.sh
@@ -32,9 +35,14 @@ case "${STAGE:-poll}" in
     [ -f "$work/results/paper_scale.json" ] || cp benchmarks/results/paper_scale.json "$work/results/"
     run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
     runs="" SHAPES=${SHAPES:-qwen2.5-3b} GPU_COUNTS=${GPU_COUNTS:-1}
+    # each run as VARIANT and EXTRA say, then (THEN_VARIANT set) again as THEN_VARIANT and THEN_EXTRA say
+    variants=("VARIANT='${VARIANT:-}' EXTRA='${EXTRA:-}'")
+    [ -n "${THEN_VARIANT:-}" ] && variants+=("VARIANT='$THEN_VARIANT' EXTRA='${THEN_EXTRA:-}'")
     for shape in ${SHAPES//,/ }; do
       for gpus in ${GPU_COUNTS//,/ }; do
-        runs+="OUT=$work/results SHAPE=$shape GPUS=$gpus bash benchmarks/paper_scale_train.sh; "
+        for variant in "${variants[@]}"; do
+          runs+="$variant OUT=$work/results SHAPE=$shape GPUS=$gpus bash benchmarks/paper_scale_train.sh; "
+        done
       done
     done
     setsid nohup bash -c "$runs echo 'paper_scale: done'" > "$work/run.log" 2>&1 < /dev/null &

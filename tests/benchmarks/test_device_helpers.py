@@ -80,7 +80,7 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
         (tree / "benchmarks" / "device" / name).write_text((ROOT / "benchmarks" / "device" / name).read_text())
     (tree / "benchmarks" / "results" / "paper_scale.json").write_text('{"retriever": {}}\n')
     (tree / "benchmarks" / "paper_scale_train.sh").write_text(  # the stand-in: needs no GPU
-        'echo "shape $SHAPE on $GPUS from $PWD"; echo "{\\"shape\\": \\"$SHAPE\\"}" > "$OUT/paper_scale_train_$SHAPE.json"\n'
+        'echo "shape $SHAPE on $GPUS as [$VARIANT] [$EXTRA] from $PWD"; echo "{\\"shape\\": \\"$SHAPE\\"}" > "$OUT/paper_scale_train_$SHAPE.json"\n'
         'cat "$OUT/paper_scale.json" > /dev/null && echo "== grpo: $SHAPE"\n')
     env = {**os.environ, "WORK_DIR": str(work), "OUT": str(out), "SHAPES": "qwen2.5-3b,qwen2.5-1.5b",
            "GPU_COUNTS": "1,2"}
@@ -94,7 +94,8 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
     assert "== grpo: qwen2.5-3b" in polled.stdout and "paper_scale: done" in polled.stdout
     log = (out / "run.log.txt").read_text()
     # one shape after the other, each on one GPU, then on two
-    order = [log.index(f"shape {shape} on {gpus} ") for shape in ("qwen2.5-3b", "qwen2.5-1.5b") for gpus in (1, 2)]
+    order = [log.index(f"shape {shape} on {gpus} as [] [] ") for shape in ("qwen2.5-3b", "qwen2.5-1.5b")
+             for gpus in (1, 2)]
     assert order == sorted(order)
     assert f"from {work / 'repo'}" in log  # in the snapshot, not the tree the next call re-copies
     assert {p.name for p in out.glob("paper_scale*.json")} == {
@@ -106,6 +107,17 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
     assert again.returncode == 0 and not again.stderr, again.stderr
     subprocess.run(driver, cwd=tree, env={**env, "STAGE": "poll", "WAIT_S": "30"}, capture_output=True, timeout=60)
     assert json.loads((out / "paper_scale.json").read_text()) == {"train": {"first": {}}}
+    # THEN_VARIANT: each run plain, then again with THEN_EXTRA's overrides (spaces and = kept whole)
+    (work / "run.log").unlink()
+    pair = subprocess.run(driver, cwd=tree, env={**env, "STAGE": "start", "SHAPES": "qwen2.5-1.5b", "GPU_COUNTS": "1",
+                                                 "THEN_VARIANT": "async", "THEN_EXTRA": "a.mode=async b.c=true"},
+                          capture_output=True, text=True, timeout=60)
+    assert pair.returncode == 0 and not pair.stderr, pair.stderr
+    subprocess.run(driver, cwd=tree, env={**env, "STAGE": "poll", "WAIT_S": "30"}, capture_output=True, timeout=60)
+    log = (out / "run.log.txt").read_text()
+    plain, variant = log.index("shape qwen2.5-1.5b on 1 as [] []"), log.index(
+        "shape qwen2.5-1.5b on 1 as [async] [a.mode=async b.c=true]")
+    assert plain < variant
 
 
 def test_the_gpu_tests_driver_reports_pytests_outcome_and_its_junit_file(tmp_path):
