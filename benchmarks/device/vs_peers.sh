@@ -40,7 +40,9 @@ case "${STAGE:-poll}" in
     call_started=$(date +%s)
     install_wheels || exit 1
     unpack_compile_cache
-    rm -rf .whl-peers && cp -r /tmp/whl-peers .whl-peers && STAGE=install bash benchmarks/device/peer_wheels.sh || exit 1
+    if [[ ,${SYSTEMS:-ours,verl,trl}, =~ ,(verl|trl), ]]; then  # ours alone needs no peer site (nor call 10)
+      rm -rf .whl-peers && cp -r /tmp/whl-peers .whl-peers && STAGE=install bash benchmarks/device/peer_wheels.sh || exit 1
+    fi
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
     started=$(date +%s)
     warm=$(timeout -k 10 "${TIMEOUT_S:-300}" python3 -c \
