@@ -36,8 +36,8 @@ case "${STAGE:-poll}" in
     run_from_snapshot  # outlives this call; setsid keeps it out of the call's process group
     runs="" SHAPES=${SHAPES:-qwen2.5-3b} GPU_COUNTS=${GPU_COUNTS:-1}
     # each run as VARIANT and EXTRA say, then (THEN_VARIANT set) again as THEN_VARIANT and THEN_EXTRA say
-    variants=("VARIANT='${VARIANT:-}' EXTRA='${EXTRA:-}'")
-    [ -n "${THEN_VARIANT:-}" ] && variants+=("VARIANT='$THEN_VARIANT' EXTRA='${THEN_EXTRA:-}'")
+    variants=("VARIANT=$(printf %q "${VARIANT:-}") EXTRA=$(printf %q "${EXTRA:-}")")
+    [ -n "${THEN_VARIANT:-}" ] && variants+=("VARIANT=$(printf %q "$THEN_VARIANT") EXTRA=$(printf %q "${THEN_EXTRA:-}")")
     for shape in ${SHAPES//,/ }; do
       for gpus in ${GPU_COUNTS//,/ }; do
         for variant in "${variants[@]}"; do

@@ -107,16 +107,16 @@ def test_the_paper_scale_driver_runs_each_shape_detached_and_the_poll_brings_the
     assert again.returncode == 0 and not again.stderr, again.stderr
     subprocess.run(driver, cwd=tree, env={**env, "STAGE": "poll", "WAIT_S": "30"}, capture_output=True, timeout=60)
     assert json.loads((out / "paper_scale.json").read_text()) == {"train": {"first": {}}}
-    # THEN_VARIANT: each run plain, then again with THEN_EXTRA's overrides (spaces and = kept whole)
+    # THEN_VARIANT: each run plain, then again with THEN_EXTRA's overrides (spaces, = and quotes kept whole)
     (work / "run.log").unlink()
     pair = subprocess.run(driver, cwd=tree, env={**env, "STAGE": "start", "SHAPES": "qwen2.5-1.5b", "GPU_COUNTS": "1",
-                                                 "THEN_VARIANT": "async", "THEN_EXTRA": "a.mode=async b.c=true"},
+                                                 "THEN_VARIANT": "async", "THEN_EXTRA": "a.mode=async b={K:'x:y'}"},
                           capture_output=True, text=True, timeout=60)
     assert pair.returncode == 0 and not pair.stderr, pair.stderr
     subprocess.run(driver, cwd=tree, env={**env, "STAGE": "poll", "WAIT_S": "30"}, capture_output=True, timeout=60)
     log = (out / "run.log.txt").read_text()
     plain, variant = log.index("shape qwen2.5-1.5b on 1 as [] []"), log.index(
-        "shape qwen2.5-1.5b on 1 as [async] [a.mode=async b.c=true]")
+        "shape qwen2.5-1.5b on 1 as [async] [a.mode=async b={K:'x:y'}]")
     assert plain < variant
 
 
