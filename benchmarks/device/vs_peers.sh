@@ -37,10 +37,10 @@ case "${STAGE:-poll}" in
     [ -d .whl-peers ] && mkdir -p /tmp/whl-peers && cp -r .whl-peers/* /tmp/whl-peers/ && echo "peer wheels: $(du -sh /tmp/whl-peers | cut -f1)"
     ;;
   start)
-    call_started=$(date +%s)
+    call_started=$(date +%s) systems=${SYSTEMS:-ours,verl,trl}
     install_wheels || exit 1
     unpack_compile_cache
-    if [[ ,${SYSTEMS:-ours,verl,trl}, =~ ,(verl|trl), ]]; then  # ours alone needs no peer site (nor call 10)
+    if [[ ,$systems, =~ ,(verl|trl), ]]; then  # ours alone needs no peer site (nor call 10)
       rm -rf .whl-peers && cp -r /tmp/whl-peers .whl-peers && STAGE=install bash benchmarks/device/peer_wheels.sh || exit 1
     fi
     nvidia-smi --query-gpu=name,memory.total,memory.used --format=csv || true
@@ -57,7 +57,7 @@ case "${STAGE:-poll}" in
     # outlives this call: setsid keeps it out of the call's process group
     run_from_snapshot
     setsid nohup python3 benchmarks/vs_peers_gpu.py --configs "${CONFIGS:-learning,qwen1.5b}" \
-      --systems "${SYSTEMS:-ours,verl,trl}" --steps "${STEPS:-5}" --data "$work/data" --warm_start "$warm" \
+      --systems "$systems" --steps "${STEPS:-5}" --data "$work/data" --warm_start "$warm" \
       --work_dir "$work" --out_dir "$work/results" --budget_s "$budget" ${ARGS:-} > "$work/run.log" 2>&1 < /dev/null &
     echo "vs_peers started (pid $!)"
     ;;
