@@ -178,6 +178,8 @@ def test_verl_offload_keys_are_accepted_for_every_role():
     for fsdp in (paper.actor_rollout_ref.actor.fsdp_config, paper.critic.model.fsdp_config):
         assert (fsdp.param_offload, fsdp.offload_policy, fsdp.optimizer_offload) == (False, False, True)
     assert paper.actor_rollout_ref.ref.fsdp_config.offload_policy  # as in its measured runs
+    # the asynchronous rollout, its engine core apart: the faster whole step at this shape
+    assert (paper.actor_rollout_ref.rollout.mode, paper.actor_rollout_ref.rollout.engine_process) == ("async", True)
     # its forward-only passes take 4x the update's token budget a micro-batch
     node = paper.actor_rollout_ref
     for name, pass_config in (("rollout", node.rollout), ("ref", node.ref)):

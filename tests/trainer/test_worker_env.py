@@ -1,19 +1,28 @@
-"""Ray worker environment: the CPU malloc settings reach ray.init (they only act at process start)."""
+"""Ray worker environment: the CPU malloc settings and the GPU allocator setting reach ray.init (they only act
+at process start)."""
 
 from types import SimpleNamespace
 
-from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
+from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS, GPU_ALLOCATOR_ENV_VARS
 from verl.trainer.ppo import worker_setup
 from verl.trainer.ppo.config import load_config
 from verl.trainer.ppo.run_plan import make_run_plan
 
 
-def test_cpu_default_is_the_malloc_settings_and_a_mapping_replaces_it():
+def test_the_default_is_the_malloc_settings_on_cpu_expandable_segments_on_gpu_and_a_mapping_replaces_it(
+        monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     cfg = load_config({})
     assert cfg.trainer.worker_env_vars is None
     assert worker_setup.worker_env_vars(cfg, use_gpu=False) == CPU_MALLOC_ENV_VARS
     assert CPU_MALLOC_ENV_VARS == {"MALLOC_ARENA_MAX": "2"}
+    assert worker_setup.worker_env_vars(cfg, use_gpu=True) == GPU_ALLOCATOR_ENV_VARS
+    assert GPU_ALLOCATOR_ENV_VARS == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    # the user's own allocator setting, inherited by the workers, is left alone
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "max_split_size_mb:512")
     assert worker_setup.worker_env_vars(cfg, use_gpu=True) == {}
+    cfg = load_config({"trainer": {"worker_env_vars": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}}})
+    assert worker_setup.worker_env_vars(cfg, use_gpu=True) == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:False"}
     cfg = load_config({"trainer": {"worker_env_vars": {"MALLOC_ARENA_MAX": 4}}})
     assert worker_setup.worker_env_vars(cfg, use_gpu=False) == {"MALLOC_ARENA_MAX": "4"}
     cfg = load_config({"trainer": {"worker_env_vars": {}}})

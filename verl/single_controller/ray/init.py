@@ -22,6 +22,13 @@ DEFAULT_ENV_VARS = {"TOKENIZERS_PARALLELISM": "false", "NCCL_CUMEM_ENABLE": "0"}
 # to the actor update only and trims the heap after each phase.
 CPU_MALLOC_ENV_VARS = {"MALLOC_ARENA_MAX": "2"}
 
+# torch's CUDA caching allocator for GPU runs (trainer.worker_env_vars: null picks it): the packed
+# micro-batches change shape every step, and fixed-size segments leave freed blocks that no later
+# request fits, so the reserved memory climbs far above the allocated; expandable segments grow and
+# shrink one mapping instead. vLLM's sleep-mode pool turns the setting off inside its own allocations,
+# and CUDA IPC (the engine-process weight push) shares such memory. Measured in docs/benchmarks.md.
+GPU_ALLOCATOR_ENV_VARS = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+
 
 class ClusterJoinError(ConfigError):
     """The running Ray cluster could not be joined (unreachable, or its token authentication refused us)."""

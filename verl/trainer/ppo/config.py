@@ -98,8 +98,8 @@ class TrainerConfig:
     """peak FLOP/s per device for `perf/mfu/actor` (`null`: the known-GPU table or a CPU estimate)"""
     worker_env_vars: Optional[Dict[str, str]] = None
     """environment of the Ray worker processes; `null`: `MALLOC_ARENA_MAX=2` on CPU-only machines
-    (glibc reads malloc settings at process start), nothing with GPUs; a mapping replaces that
-    (`{}`: none)"""
+    (glibc reads malloc settings at process start); with GPUs `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`
+    unless the launching shell sets `PYTORCH_CUDA_ALLOC_CONF`; a mapping replaces that (`{}`: none)"""
     host_memory: HostMemoryConfig = field(default_factory=HostMemoryConfig)
     """CPU-only glibc heap tuning of the worker processes (no effect with GPUs)"""
 

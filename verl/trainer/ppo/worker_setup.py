@@ -11,6 +11,7 @@ own (``rollout.nnodes x rollout.n_gpus_per_node``) and get the actor's weights b
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable
 
 from verl.trainer.ppo.config import PPOConfig
@@ -95,14 +96,18 @@ def worker_env_vars(cfg: PPOConfig, use_gpu: bool) -> dict[str, str]:
 
     ``null`` (the default): on a CPU-only machine, the glibc malloc settings of
     :data:`verl.single_controller.ray.init.CPU_MALLOC_ENV_VARS` (glibc reads them when the process
-    starts, hence here and not in the worker);
-    nothing with GPUs. A mapping replaces that choice (``{}``: none).
+    starts, hence here and not in the worker); with GPUs, torch's expandable segments
+    (:data:`~verl.single_controller.ray.init.GPU_ALLOCATOR_ENV_VARS`) unless the launching shell sets
+    ``PYTORCH_CUDA_ALLOC_CONF`` itself (the workers inherit the user's choice). A mapping replaces
+    that choice (``{}``: none).
     """
-    from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS
+    from verl.single_controller.ray.init import CPU_MALLOC_ENV_VARS, GPU_ALLOCATOR_ENV_VARS
 
     configured = cfg.trainer.worker_env_vars
     if configured is None:
-        return {} if use_gpu else dict(CPU_MALLOC_ENV_VARS)
+        if not use_gpu:
+            return dict(CPU_MALLOC_ENV_VARS)
+        return {} if "PYTORCH_CUDA_ALLOC_CONF" in os.environ else dict(GPU_ALLOCATOR_ENV_VARS)
     return {str(k): str(v) for k, v in configured.items()}
 
 

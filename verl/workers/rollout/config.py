@@ -90,7 +90,7 @@ class RolloutConfig:
     mode: str = "sync"
     """multi-turn rollout: `sync` (Search-R1's loop: each turn generates for all active rows, then one
     batched search) or `async` (a task per trajectory: a row searches while others decode;
-    docs/architecture.md, Rollout modes); `+recipe=learning_gpu` sets `async`"""
+    docs/architecture.md, Rollout modes); `+recipe=learning_gpu` and `+recipe=paper_scale_one_gpu` set `async`"""
     staleness: int = 0
     """policy updates a training batch's sampling policy may lag the one it trains: `0` samples each
     step's batch with the current weights; `1` rolls out step k+1's batch while step k trains (with the
