@@ -10,7 +10,8 @@ search metric, step 1 (compilation, CUDA graphs, first allocations) and the medi
 ``tokens_per_s_per_gpu`` is ``perf/throughput_tokens_per_s`` over the GPUs. Also the longest context
 (prompt + response tokens of one row) seen, to show whether multi-turn contexts above 2k tokens occurred,
 and ``figures``: what issue 28 asks of each run (step time and split, tokens/s/GPU, the update's MFU,
-peak GPU memory, longest context). ``--into`` adds the runs to another report under ``train``, keyed
+peak GPU memory: the trainer's torch reserved peak and, where ``gpu_peak.json`` was recorded, the whole
+GPU's, longest context). ``--into`` adds the runs to another report under ``train``, keyed
 ``<shape>_<run>`` (``<shape>_<run>_<n>gpu`` for runs on ``--num_gpus`` n > 1; a later run of the same key
 replaces it), and rewrites its ``scaling``: each multi-GPU run against the 1-GPU run of the same key.
 """
@@ -66,8 +67,22 @@ def summarize_run(path: Path, num_gpus: int) -> dict:
         "peak_gpu_gib": max((r[k] for r in rows for k in r if k.startswith("perf/max_memory_reserved_gb/")),
                             default=None),
         "longest_context_tokens": out["longest_context_tokens"],
+        **whole_gpu_peak(path.parent),
     }
     return out
+
+
+def whole_gpu_peak(run_dir: Path) -> dict:
+    """The whole GPU's peak over the run, every process counted (``gpu_peak.json``, written beside the
+    metrics by ``benchmarks/gpu_peak.py``): ``peak_gpu_whole_gib`` and each process's share at that peak.
+    ``peak_gpu_gib`` above is the trainer's own torch reserved peak, which misses an engine-core process's
+    memory. Empty for a run without the file (before it existed, or on a machine without nvidia-smi)."""
+    recorded = run_dir / "gpu_peak.json"
+    if not recorded.exists():
+        return {}
+    peak = json.loads(recorded.read_text())
+    return {"peak_gpu_whole_gib": peak["peak_gpu_memory_gib"],
+            "peak_gpu_by_process_gib": peak["peak_gpu_memory_by_process_gib"]}
 
 
 def scaling(train: dict) -> dict:

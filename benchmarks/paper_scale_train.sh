@@ -82,10 +82,13 @@ run_algo() {  # name script extra-overrides...
   local name=$1${VARIANT:+_$VARIANT} script=$2; shift 2
   echo "== $name: $shape ($model), $gpus GPU(s), batch $batch, max_prompt_length 4096, $steps steps =="
   mkdir -p "$runs/$name" && printf '%s\n' "${common[@]}" "$@" > "$runs/$name/overrides.txt"  # for the report
+  # the whole GPU's peak (every process: the engine core apart from the worker, the scale retriever)
+  python3 benchmarks/gpu_peak.py --out "$runs/$name/gpu_peak.json" & local sampler=$!
   N_GPUS=$gpus BASE_MODEL="$model" DATA_DIR="$data" ROLLOUT_NAME=vllm \
     RETRIEVER_URL=http://127.0.0.1:8000/retrieve EXPERIMENT_NAME="paper-$name" CKPT_DIR="/tmp/ckpt-paper-$name-${gpus}gpu" \
     timeout -k 10 "${RUN_TIMEOUT:-1200}" bash "$script" "${common[@]}" trainer.log_dir="$runs/$name" "$@"
   echo "$name exit: $?"
+  kill "$sampler" 2> /dev/null; wait "$sampler" 2> /dev/null
   summarize
 }
 algos=${ALGOS:-grpo,ppo}

@@ -81,7 +81,7 @@ sys.path.insert(0, str(ROOT / "benchmarks" / "peers"))  # commands.py: how each 
 
 from commands import (BenchConfig, Inputs, RETRIEVER_TOPK, VERL_AGENT_LOOP, VERL_TOOL, child_env,  # noqa: E402
                       ours_command, trl_command, verl_command)
-from common import PeakSampler, save_report  # noqa: E402
+from common import GpuMemorySampler, save_report  # noqa: E402
 from gpu_generation import host_probe_ms  # noqa: E402
 
 SYSTEMS = ("ours", "verl", "trl")
@@ -223,67 +223,6 @@ def value_of(result: dict, key: str) -> float | None:
 
 
 # ---- running ------------------------------------------------------------------------------------------
-class GpuMemorySampler(PeakSampler):
-    """Peak used memory of GPU 0 over all processes (``nvidia-smi``, GiB), sampled every ``interval_s``; at
-    that peak, each process's share (``by_process``: :func:`process_label` -> GiB; empty where the driver
-    shows no processes, as in a container without the host's PID namespace)."""
-
-    def __init__(self, interval_s: float = 1.0):
-        super().__init__(interval_s)
-        self.peak_gib = 0.0
-        self.by_process: dict[str, float] = {}
-
-    @staticmethod
-    def used_gib() -> float:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", "0"],
-                             capture_output=True, text=True)
-        return float(out.stdout.strip() or 0.0) / 1024 if out.returncode == 0 else 0.0
-
-    @staticmethod
-    def process_gib() -> dict[str, float]:
-        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits",
-                              "-i", "0"], capture_output=True, text=True)
-        if out.returncode != 0:
-            return {}
-        return {process_label(pid): round(gib, 2) for pid, gib in parse_compute_apps(out.stdout).items()}
-
-    def sample(self) -> None:
-        used = self.used_gib()
-        if used > self.peak_gib:
-            self.peak_gib, self.by_process = used, self.process_gib()
-
-
-def parse_compute_apps(text: str) -> dict[int, float]:
-    """``nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits`` -> {pid: GiB}
-    (lines it cannot read, such as ``[N/A]`` memory, are left out)."""
-    usage = {}
-    for line in text.splitlines():
-        fields = [f.strip() for f in line.split(",")]
-        if len(fields) == 2 and fields[0].isdigit():
-            try:
-                usage[int(fields[0])] = float(fields[1]) / 1024
-            except ValueError:
-                continue
-    return usage
-
-
-def process_label(pid: int) -> str:
-    """``<title> (<pid>)``: the process's first command-line word (Ray workers show their actor's name
-    there, e.g. ``ray::WorkerDict.actor_rollout_generate_sequences``), its last 60 characters; where the
-    command line is empty or hidden (some sandboxes), the kernel's name for it; ``?`` when neither is
-    readable (the process is gone)."""
-    title = ""
-    for name in ("cmdline", "comm"):
-        try:
-            text = Path(f"/proc/{pid}/{name}").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        title = text.split("\0")[0].strip().split("/")[-1]
-        if title:
-            break
-    return f"{(title or '?')[-60:]} ({pid})"
-
-
 def run_child(cmd: list[str], env: dict, cwd: Path, log_path: Path, deadline: float) -> int | None:
     """Run ``cmd`` in its own process group until it exits or ``deadline`` (time.time()); then SIGKILL the
     group. Returns the exit code (None when stopped)."""

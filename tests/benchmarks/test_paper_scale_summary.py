@@ -32,6 +32,11 @@ def test_figures_and_the_merge_into_the_report(tmp_path):
     # a VARIANT run: its own key, with the overrides it was started with
     _write_run(runs / "grpo_ref_moved", [_step(1, 300.0, 200.0), _step(2, 55.0, 20.0)])
     (runs / "grpo_ref_moved" / "overrides.txt").write_text("+recipe=paper_scale_one_gpu\nref.offload_policy=false\n")
+    # the whole GPU's peak as benchmarks/gpu_peak.py records it beside the metrics
+    (runs / "grpo_ref_moved" / "gpu_peak.json").write_text(json.dumps(
+        {"peak_gpu_memory_gib": 71.5, "peak_gpu_memory_by_process_gib": {"ray::WorkerHost (7)": 46.0,
+                                                                          "VLLM::EngineCore (9)": 25.5},
+         "samples": 40, "interval_s": 1.0}))
     into = tmp_path / "paper_scale.json"
     into.write_text(json.dumps({"retriever": {"num_vectors": 10}, "train": {"qwen2.5-1.5b_grpo": {"steps": 3}}}))
     paper_scale_summary.main(["--runs_dir", str(runs), "--shape", "qwen2.5-3b", "--batch", "64",
@@ -51,6 +56,9 @@ def test_figures_and_the_merge_into_the_report(tmp_path):
     assert report["train"]["qwen2.5-3b_grpo_ref_moved"]["overrides"] == [
         "+recipe=paper_scale_one_gpu", "ref.offload_policy=false"]
     assert report["train"]["qwen2.5-3b_grpo"]["overrides"] is None
+    moved = report["train"]["qwen2.5-3b_grpo_ref_moved"]["figures"]
+    assert moved["peak_gpu_whole_gib"] == 71.5 and moved["peak_gpu_by_process_gib"]["VLLM::EngineCore (9)"] == 25.5
+    assert "peak_gpu_whole_gib" not in figures  # no gpu_peak.json beside that run
     ppo = report["train"]["qwen2.5-3b_ppo"]
     assert ppo["meta"]["commit"] and ppo["figures"]["steps_measured"] == 1
     # a log without context_length/max gives only a bound, named as one
