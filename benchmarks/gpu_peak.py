@@ -5,9 +5,10 @@
 A run's own torch counters miss the memory of its other processes (vLLM's engine-core process,
 another CUDA context); the device's whole-GPU figure does not. Every new peak rewrites ``--out``
 (``peak_gpu_memory_gib`` and, at that peak, each process's share ``peak_gpu_memory_by_process_gib``,
-GiB; ``samples``: how many had been taken when it was reached; ``interval_s``), so whenever the sampler is stopped the file holds the peak so
-far. Stops on SIGTERM or SIGINT, or when ``--pid`` has exited. Without ``nvidia-smi`` it writes nothing and
-exits 0 after one line on stderr (a CPU machine: no GPU to measure).
+GiB; ``samples``: how many had been taken when it was reached; ``interval_s``), so whenever the sampler
+is stopped the file holds the peak so far. Stops on SIGTERM or SIGINT, or when ``--pid`` has exited.
+Without ``nvidia-smi`` it writes nothing and exits 0 after one line on stderr (a CPU machine: no GPU to
+measure).
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/paper_scale.sh   # repeat until "paper_scale: done"
 # A baseline and a variant back to back in one start (issue 30's whole step, Search-R1's sync loop, then the
 # recipe's async default):
-#   ... STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo STEPS=3 VARIANT=sync
-#   EXTRA="actor_rollout_ref.rollout.mode=sync actor_rollout_ref.rollout.engine_process=false" THEN_VARIANT=async bash ...
+#   ... STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo STEPS=3 VARIANT=sync THEN_VARIANT=async
+#   EXTRA="actor_rollout_ref.rollout.mode=sync actor_rollout_ref.rollout.engine_process=false" bash ...
 # On a machine of several GPUs (kind nvidia-h200-x2), issue 28's scaling: the 1.5B shape's GRPO step on one
 # GPU, then on two, each GPU with the same share of the batch (the report's "scaling" compares them):
 #   SEARCH_R1_COMMIT=<sha> STAGE=start SHAPES=qwen2.5-1.5b ALGOS=grpo GPU_COUNTS=1,2 bash benchmarks/device/paper_scale.sh
