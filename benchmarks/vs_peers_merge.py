@@ -8,9 +8,9 @@ A configuration whose three runs do not fit one hold (``qwen1.5b``: ~13 minutes 
 ours + veRL in one hold and ours + TRL in another. For each configuration and peer the LAST hold on the
 command line where both ran enough measured steps (``enough_steps``) gives ``ratio_step_vs_<peer>``,
 ``ratio_memory_vs_<peer>`` and ``ratio_generated_vs_<peer>`` (the tokens the two steps generated); ``pairs``
-names that hold's file and card (``gpu``) with the two runs' summaries (their per-step records, commands and log tails stay in
-the hold's own JSON); ``variants`` keeps the holds' variants of ours (``--ours_variant``), each compared
-within its own hold; ``holds`` lists each input's file and meta.
+names that hold's file and card (``gpu``) with the two runs' summaries (their per-step records, commands and
+log tails stay in the hold's own JSON); ``variants`` keeps the holds' variants of ours (``--ours_variant``),
+each compared within its own hold; ``holds`` lists each input's file and meta.
 """
 from __future__ import annotations
 
@@ -61,8 +61,10 @@ def merge(holds: list[tuple[str, dict]]) -> dict:
                     continue
                 for key, by_config in ratio_block(both, (peer,)).items():
                     report[key].update(by_config)
-                pairs[peer][name] = {"hold": label, "gpu": hold["meta"].get("gpu", {}).get("name"), **{system: {k: v for k, v in run.items() if k not in DETAIL}
-                                                        for system, run in both[name].items()}}
+                card = (hold["meta"].get("gpu") or {}).get("name")  # meta.gpu is null on a CPU machine
+                pairs[peer][name] = {"hold": label, "gpu": card,
+                                     **{system: {k: v for k, v in run.items() if k not in DETAIL}
+                                        for system, run in both[name].items()}}
     goal = next((hold["goal"] for _, hold in reversed(holds) if "goal" in hold), None)
     return {**report, "ratio_absent": absent, "goal": goal, "pairs": pairs, "variants": merged_variants(holds),
             "holds": [{"file": label, "meta": hold["meta"]} for label, hold in holds]}

@@ -21,10 +21,11 @@ def hold_run(step_s: float, memory_gib: float, enough: bool = True, tokens: floa
 
 
 def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
-    a = {"meta": {"commit": "a"}, "goal": "g", "results": {
+    a = {"meta": {"commit": "a", "gpu": None}, "goal": "g", "results": {
         "qwen1.5b": {"ours": hold_run(150.0, 100.0, tokens=3e5), "verl": hold_run(300.0, 125.0, tokens=2e5)},
         "learning": {"ours": hold_run(3.0, 90.0), "trl": hold_run(9.0, 95.0, enough=False)}}}
-    b = {"meta": {"commit": "b", "gpu": {"name": "NVIDIA H100 80GB HBM3"}}, "goal": "g", "ratio_absent": {"search": {"trl": "why"}}, "results": {
+    b = {"meta": {"commit": "b", "gpu": {"name": "NVIDIA H100 80GB HBM3"}}, "goal": "g",
+         "ratio_absent": {"search": {"trl": "why"}}, "results": {
         "qwen1.5b": {"ours": hold_run(160.0, 100.0), "trl": hold_run(320.0, 110.0)}},
          "variants": {"ours-mb32k": {"qwen1.5b": {"overrides": ["k=1"], "memory_vs_trl": 0.7}}}}
     paths = []
@@ -42,7 +43,7 @@ def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
     assert {peer: {name: pair["hold"] for name, pair in by_name.items()} for peer, by_name in merged["pairs"].items()
             } == {"verl": {"qwen1.5b": "hold_a.json"}, "trl": {"qwen1.5b": "hold_b.json"}}
     assert merged["pairs"]["trl"]["qwen1.5b"]["ours"]["median"] == {"step_s": 160.0}
-    # each pair names the card its hold ran on (hold A's meta names none)
+    # each pair names the card its hold ran on (hold A's meta has none: a CPU machine's null)
     assert merged["pairs"]["trl"]["qwen1.5b"]["gpu"] == "NVIDIA H100 80GB HBM3"
     assert merged["pairs"]["verl"]["qwen1.5b"]["gpu"] is None
     assert "learning" not in merged["ratio_step_vs_trl"]  # TRL's run there had too few steps
@@ -50,7 +51,7 @@ def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
     # a variant of ours keeps the comparison its own hold made
     assert merged["variants"] == {"ours-mb32k": {"qwen1.5b": {"hold": "hold_b.json", "overrides": ["k=1"],
                                                                "memory_vs_trl": 0.7}}}
-    assert merged["holds"] == [{"file": "hold_a.json", "meta": {"commit": "a"}},
+    assert merged["holds"] == [{"file": "hold_a.json", "meta": a["meta"]},
                                {"file": "hold_b.json", "meta": b["meta"]}]
     bad = tmp_path / "bad.json"
     bad.write_text('{"results": {}}')
