@@ -292,22 +292,28 @@ def out_of_memory(result: dict) -> bool:
 
 
 def run_verl(name: str, cfg: BenchConfig, inputs: Inputs, args, deadline: float, trainers: list[str]) -> dict:
-    """veRL with its default v1 trainer; when that logs no step (e.g. TransferQueue fails on the
-    device), once more with the legacy v0 trainer, which later configurations then use (``trainers``).
-    A run that ran out of GPU memory is repeated once at half the micro-batch token budget
-    (``verl_max_token_len`` in the result): veRL pads its micro-batches (``commands.VERL_ATTENTION``),
-    so the same budget of real tokens takes more memory there than in ours."""
+    """veRL with its default v1 trainer, at ``--verl_max_token_len`` tokens a micro-batch if given, else the
+    configuration's. A run that ran out of GPU memory is repeated once, with the same trainer, at half that
+    budget: veRL pads its micro-batches (``commands.VERL_ATTENTION``), so the same budget of real tokens
+    takes more memory there than in ours. A v1 run that logs no step for another reason (e.g. TransferQueue
+    fails on the device) is repeated once with the legacy v0 trainer, which later configurations then use
+    (``trainers``). ``verl_max_token_len`` in the result: the budget of the run kept, where it is not the
+    configuration's."""
     def time_left() -> bool:
         return deadline - time.time() > args.min_run_s
 
-    result = run_system("verl", name, cfg, inputs, args, deadline, trainers[0])
-    if not result["steps"] and trainers == ["v1", "v0"] and time_left():
-        trainers.pop(0)
-        result = {**run_system("verl", name, cfg, inputs, args, deadline, "v0"), "v1_attempt": result}
+    def attempt(trainer: str, **previous) -> dict:
+        budget = {} if run_cfg.max_token_len == cfg.max_token_len else {"verl_max_token_len": run_cfg.max_token_len}
+        return {**run_system("verl", name, run_cfg, inputs, args, deadline, trainer), **budget, **previous}
+
+    run_cfg = replace(cfg, max_token_len=args.verl_max_token_len or cfg.max_token_len)
+    result = attempt(trainers[0])
     if not result["steps"] and out_of_memory(result) and time_left():
-        half = replace(cfg, max_token_len=cfg.max_token_len // 2)
-        result = {**run_system("verl", name, half, inputs, args, deadline, trainers[0]),
-                  "verl_max_token_len": half.max_token_len, "out_of_memory_attempt": result}
+        run_cfg = replace(run_cfg, max_token_len=run_cfg.max_token_len // 2)
+        result = attempt(trainers[0], out_of_memory_attempt=result)
+    if not result["steps"] and not out_of_memory(result) and trainers == ["v1", "v0"] and time_left():
+        trainers.pop(0)
+        result = attempt("v0", v1_attempt=result)
     return result
 
 
@@ -395,6 +401,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--min_run_s", type=float, default=150.0, help="start no run with less of the budget left")
     parser.add_argument("--verl_trainer", choices=("v1", "v0"), default=None,
                         help="only this veRL trainer (default: v1, falling back to v0 when v1 logs no step)")
+    parser.add_argument("--verl_max_token_len", type=int, default=None,
+                        help="veRL's micro-batch token budget from its first run (default: the configuration's; "
+                             "halved once when a run runs out of GPU memory)")
     parser.add_argument("--ours_variant", action="append", default=[], metavar="LABEL=OVERRIDE[;OVERRIDE...]",
                         help="also run ours with these Hydra overrides added, right after ours, as system "
                              "ours-LABEL (repeatable); the report compares it with ours and the peers")

@@ -23,8 +23,10 @@
 #   STAGE=poll WAIT_S=540 bash benchmarks/device/vs_peers.sh   # repeat until it prints "vs_peers: done"
 # Env for start: CONFIGS (learning,qwen1.5b; or search, or all three), SYSTEMS (ours,verl,trl), STEPS (5),
 # ARGS (more flags; e.g. ARGS="--ours_variant mb32k=actor_rollout_ref.actor.ppo_max_token_len_per_gpu=32768" also
-# runs ours with that override right after ours, reported under "variants"). qwen1.5b's three runs do not fit one hold: CONFIGS=qwen1.5b SYSTEMS=ours,verl STEPS=4 in
-# one, SYSTEMS=ours,trl STEPS=4 in another; keep each hold's JSON as benchmarks/results/
+# runs ours with that override right after ours, reported under "variants"; ARGS="--verl_max_token_len 32768"
+# starts veRL at that micro-batch budget: on an 80 GB card its 64k first run runs out of memory at `learning`).
+# qwen1.5b's three runs do not fit one hold: CONFIGS=qwen1.5b SYSTEMS=ours,verl STEPS=4 in one,
+# SYSTEMS=ours,trl STEPS=4 in another; keep each hold's JSON as benchmarks/results/
 # vs_peers_gpu_<date>_hold<N>.json and rebuild the report with benchmarks/vs_peers_merge.py.
 # /tmp/vs_peers keeps data, models, indexes, logs and the merged JSON between calls; each poll's $OUT gets
 # vs_peers_gpu.json, the driver's log and the tails of the 6 latest runs' logs (at most 8 files come back).

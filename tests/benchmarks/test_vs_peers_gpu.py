@@ -420,7 +420,8 @@ def test_a_peer_that_cannot_run_a_configuration_is_recorded_with_the_reason(tmp_
     assert body["configs"]["search"]["retriever"]["topk"] == 3
 
 
-def test_verl_falls_back_to_v0_then_halves_its_token_budget_after_running_out_of_memory(tmp_path, monkeypatch):
+def test_verl_halves_its_token_budget_on_the_same_trainer_and_falls_back_to_v0_for_other_failures(
+        tmp_path, monkeypatch):
     calls, outcomes = [], []
 
     def scripted_run(system, name, cfg, inputs, args, deadline, verl_trainer="v1"):
@@ -429,16 +430,34 @@ def test_verl_falls_back_to_v0_then_halves_its_token_budget_after_running_out_of
 
     monkeypatch.setattr(bench, "run_system", scripted_run)
     args = bench.parse_args(["--warm_start", "/w", "--work_dir", str(tmp_path)])
-    cfg, trainers, full = bench.CONFIGS["learning"], ["v1", "v0"], bench.CONFIGS["learning"].max_token_len
-    outcomes[:] = [{"steps": [], "log_tail": ["ModuleNotFoundError: No module named 'transfer_queue'"]},
-                   {"steps": [], "log_tail": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.00 GiB"]},
-                   {"steps": [{"step_s": 5.0}]}]
+    cfg, full = bench.CONFIGS["learning"], bench.CONFIGS["learning"].max_token_len
+    oom = {"steps": [], "log_tail": ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 9.00 GiB"]}
+    no_tq = {"steps": [], "log_tail": ["ModuleNotFoundError: No module named 'transfer_queue'"]}
+    # out of memory on v1: v1 again at half the budget, v1 kept for later configurations
+    trainers, outcomes[:] = ["v1", "v0"], [oom, {"steps": [{"step_s": 5.0}]}]
     result = bench.run_verl("learning", cfg, INPUTS, args, 1e18, trainers)
-    assert calls == [("verl", "v1", full), ("verl", "v0", full), ("verl", "v0", full // 2)]
-    assert trainers == ["v0"] and result["steps"] and result["verl_max_token_len"] == full // 2
+    assert calls == [("verl", "v1", full), ("verl", "v1", full // 2)]
+    assert trainers == ["v1", "v0"] and result["steps"] and result["verl_max_token_len"] == full // 2
     assert "CUDA out of memory" in result["out_of_memory_attempt"]["log_tail"][0]
-    assert "transfer_queue" in result["out_of_memory_attempt"]["v1_attempt"]["log_tail"][0]
-    # any other failure is recorded as it is, not repeated
+    # v1 fails otherwise: v0 at the same budget, then v0 for later configurations
+    calls.clear()
+    outcomes[:] = [no_tq, {"steps": [{"step_s": 5.0}]}]
+    result = bench.run_verl("learning", cfg, INPUTS, args, 1e18, trainers)
+    assert calls == [("verl", "v1", full), ("verl", "v0", full)] and trainers == ["v0"]
+    assert "transfer_queue" in result["v1_attempt"]["log_tail"][0] and "verl_max_token_len" not in result
+    # v1 out of memory, then failing otherwise at half: v0 keeps the halved budget
+    calls.clear()
+    trainers, outcomes[:] = ["v1", "v0"], [oom, no_tq, {"steps": [{"step_s": 5.0}]}]
+    result = bench.run_verl("learning", cfg, INPUTS, args, 1e18, trainers)
+    assert calls == [("verl", "v1", full), ("verl", "v1", full // 2), ("verl", "v0", full // 2)]
+    assert result["verl_max_token_len"] == full // 2 and "transfer_queue" in result["v1_attempt"]["log_tail"][0]
+    # a budget given from the start: no memory failure needed, recorded as the run's
+    calls.clear()
+    args32k = bench.parse_args(["--warm_start", "/w", "--work_dir", str(tmp_path), "--verl_max_token_len", "32768"])
+    outcomes[:] = [{"steps": [{"step_s": 5.0}]}]
+    assert bench.run_verl("learning", cfg, INPUTS, args32k, 1e18, ["v1", "v0"])["verl_max_token_len"] == 32768
+    assert calls == [("verl", "v1", 32768)]
+    # any other failure on v0 is recorded as it is, not repeated
     calls.clear()
     outcomes[:] = [{"steps": [], "log_tail": ["ImportError: FlashAttention2 has been toggled on"]}]
     assert bench.run_verl("learning", cfg, INPUTS, args, 1e18, trainers) == {

@@ -3,7 +3,12 @@
 A worker wraps each phase in :meth:`PhaseMemory.track`; the peaks seen inside the phase are kept
 until :meth:`PhaseMemory.pop_metrics` hands them to the step's metrics (GiB):
 
-* with CUDA: ``perf/max_memory_allocated_gb/<phase>`` and ``perf/max_memory_reserved_gb/<phase>``;
+* with CUDA: ``perf/max_memory_allocated_gb/<phase>`` and ``perf/max_memory_reserved_gb/<phase>``,
+  torch's counters of this process. They miss memory other processes hold (an engine core of its own,
+  ``rollout.engine_process=true``), and with the engine in this process they include vLLM's sleep-mode
+  pool even while the engine sleeps (vLLM unmaps the memory under allocations torch still counts), so
+  the phases after a sleep read the pool's size too high; the whole GPU's peak
+  (``benchmarks/gpu_peak.py``) is the figure to size a card by;
 * on CPU: ``perf/cpu_peak_rss_gb/<phase>`` (the process's peak resident memory during the phase,
   from the kernel's high-water mark ``VmHWM``, reset at the phase start through
   ``/proc/self/clear_refs``) and ``perf/cpu_rss_gb/<phase>`` (resident memory when it ended). On
