@@ -400,7 +400,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"seconds a run at most (default: the configuration's, {RUN_TIMEOUT_S})")
     parser.add_argument("--min_run_s", type=float, default=150.0, help="start no run with less of the budget left")
     parser.add_argument("--verl_trainer", choices=("v1", "v0"), default=None,
-                        help="only this veRL trainer (default: v1, falling back to v0 when v1 logs no step)")
+                        help="only this veRL trainer (default: v1, falling back to v0 when v1 logs no step for a "
+                             "reason other than GPU memory)")
     parser.add_argument("--verl_max_token_len", type=int, default=None,
                         help="veRL's micro-batch token budget from its first run (default: the configuration's; "
                              "halved once when a run runs out of GPU memory)")
@@ -417,6 +418,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.ours_variants = dict(parse_variant(spec) for spec in args.ours_variant)
     except ValueError as err:
         parser.error(str(err))
+    if args.verl_max_token_len is not None and args.verl_max_token_len <= 0:
+        parser.error(f"--verl_max_token_len must be > 0 tokens, got {args.verl_max_token_len}")
     if args.ours_variants and "ours" not in args.systems:
         parser.error("--ours_variant runs beside ours: add ours to --systems")
     at = args.systems.index("ours") + 1 if args.ours_variants else 0

@@ -457,6 +457,8 @@ def test_verl_halves_its_token_budget_on_the_same_trainer_and_falls_back_to_v0_f
     outcomes[:] = [{"steps": [{"step_s": 5.0}]}]
     assert bench.run_verl("learning", cfg, INPUTS, args32k, 1e18, ["v1", "v0"])["verl_max_token_len"] == 32768
     assert calls == [("verl", "v1", 32768)]
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--warm_start", "/w", "--verl_max_token_len", "0"])
     # any other failure on v0 is recorded as it is, not repeated
     calls.clear()
     outcomes[:] = [{"steps": [], "log_tail": ["ImportError: FlashAttention2 has been toggled on"]}]
