@@ -302,18 +302,19 @@ def run_verl(name: str, cfg: BenchConfig, inputs: Inputs, args, deadline: float,
     def time_left() -> bool:
         return deadline - time.time() > args.min_run_s
 
-    def attempt(trainer: str, **previous) -> dict:
-        budget = {} if run_cfg.max_token_len == cfg.max_token_len else {"verl_max_token_len": run_cfg.max_token_len}
-        return {**run_system("verl", name, run_cfg, inputs, args, deadline, trainer), **budget, **previous}
+    def attempt(trainer: str, budget: int, **previous) -> dict:
+        run_cfg = replace(cfg, max_token_len=budget)
+        kept = {} if budget == cfg.max_token_len else {"verl_max_token_len": budget}
+        return {**run_system("verl", name, run_cfg, inputs, args, deadline, trainer), **kept, **previous}
 
-    run_cfg = replace(cfg, max_token_len=args.verl_max_token_len or cfg.max_token_len)
-    result = attempt(trainers[0])
+    budget = args.verl_max_token_len or cfg.max_token_len
+    result = attempt(trainers[0], budget)
     if not result["steps"] and out_of_memory(result) and time_left():
-        run_cfg = replace(run_cfg, max_token_len=run_cfg.max_token_len // 2)
-        result = attempt(trainers[0], out_of_memory_attempt=result)
+        budget //= 2
+        result = attempt(trainers[0], budget, out_of_memory_attempt=result)
     if not result["steps"] and not out_of_memory(result) and trainers == ["v1", "v0"] and time_left():
         trainers.pop(0)
-        result = attempt("v0", v1_attempt=result)
+        result = attempt("v0", budget, v1_attempt=result)
     return result
 
 
