@@ -44,7 +44,8 @@ def test_the_gpu_peak_names_each_process_share():
 
 def fake_nvidia_smi(folder: Path, used_mib: list[int]) -> Path:
     """An ``nvidia-smi`` answering ``--query-gpu=memory.used`` with ``used_mib`` in turn (then the last one
-    again) and ``--query-compute-apps`` with its caller, the sampler, holding 4 GiB."""
+    again), counting those calls in ``folder/calls``, and ``--query-compute-apps`` with its caller, the
+    sampler, holding 4 GiB."""
     folder.mkdir()
     script = folder / "nvidia-smi"
     script.write_text(f"""#!{sys.executable}
@@ -53,7 +54,9 @@ from pathlib import Path
 state = Path({str(folder / "calls")!r})
 if sys.argv[1] == "--query-gpu=memory.used":
     n = int(state.read_text()) if state.exists() else 0
-    state.write_text(str(n + 1))
+    tmp = state.with_suffix(".tmp")
+    tmp.write_text(str(n + 1))
+    os.replace(tmp, state)  # the test polls this count: never let it read a half-written file
     print({used_mib!r}[min(n, {len(used_mib) - 1})])
 else:
     print(f"{{os.getppid()}}, 4096")
