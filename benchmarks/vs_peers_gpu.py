@@ -209,9 +209,10 @@ def ratios(results: dict, peer: str, key: str, ours_over_peer: bool) -> dict:
 
 
 def ratio(ours: dict, theirs: dict, key: str, ours_over_peer: bool) -> float | None:
-    """One ratio of two runs' ``key`` (see :func:`ratios`); None when either lacks it."""
+    """One ratio of two runs' ``key`` (see :func:`ratios`); None when either lacks it or measured too few
+    steps (``enough_steps``): a run cut before its steps has a memory peak of start-up alone."""
     a, b = value_of(ours, key), value_of(theirs, key)
-    if not (a and b):
+    if not (a and b and ours.get("enough_steps") and theirs.get("enough_steps")):
         return None
     return round(a / b if ours_over_peer else b / a, 3)
 
@@ -493,10 +494,11 @@ def report(results: dict, args) -> dict:
 def variant_ratios(results: dict) -> dict:
     """By variant of ours (``ours-LABEL``) and configuration: its overrides and, against plain ours and
     each peer run beside it, the step ratio (the other's step / the variant's) and the memory ratio (the
-    variant's peak / the other's), as the top-level ratios compare ours."""
+    variant's peak / the other's), as the top-level ratios compare ours. A variant that measured too few
+    steps (cut or skipped by the budget) is left out."""
     out: dict = {}
     for name, systems in results.items():
-        for variant in (s for s in systems if s.startswith("ours-")):
+        for variant in (s for s in systems if s.startswith("ours-") and systems[s].get("enough_steps")):
             entry = {"overrides": systems[variant].get("overrides", [])}
             for other in ("ours", *PEERS):
                 for kind in ("step", "memory"):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from vs_peers_gpu import PEERS, RATIOS, ratio_block  # noqa: E402
+from vs_peers_gpu import PEERS, RATIOS, ratio_block, variant_ratios  # noqa: E402
 
 # what a pair's run summary leaves out: bulky, and kept in the hold's own JSON
 DETAIL = ("command", "log_tail", "steps", "v1_attempt", "out_of_memory_attempt")
@@ -71,11 +71,12 @@ def merge(holds: list[tuple[str, dict]]) -> dict:
 
 
 def merged_variants(holds: list[tuple[str, dict]]) -> dict:
-    """Each hold's ``variants`` block (ours with added overrides against ours and the peers of that hold),
-    by variant and configuration, the last hold that ran it winning, with its file as ``hold``."""
+    """Each hold's variants of ours (``--ours_variant``: ours with added overrides against ours and the
+    peers of that hold, :func:`vs_peers_gpu.variant_ratios` of its results), by variant and configuration,
+    the last hold that measured it winning, with its file as ``hold``."""
     out: dict = {}
     for label, hold in holds:
-        for variant, by_config in hold.get("variants", {}).items():
+        for variant, by_config in variant_ratios(hold["results"]).items():
             for name, entry in by_config.items():
                 out.setdefault(variant, {})[name] = {"hold": label, **entry}
     return out

@@ -144,6 +144,8 @@ def test_each_systems_records_summarise_into_medians_and_ratios(tmp_path):
                             "trl": {"steps_measured": 0, "peak_gpu_memory_gib": 40.0}}}
     assert bench.ratios(results, "verl", "step_s", False) == {"learning": round(11.0 / 7.0, 3)}
     assert bench.ratios(results, "trl", "step_s", False) == {}  # no TRL step measured: no ratio
+    # nor a memory ratio: a run cut before its steps peaked at start-up alone
+    assert bench.ratios(results, "trl", "peak_gpu_memory_gib", True) == {}
     assert bench.ratios(results, "verl", "peak_gpu_memory_gib", True) == {"learning": 0.625}
     # the tokens a step generated, ours over the peer's: medians 51,200 against 102,400
     block = bench.ratio_block(results)
@@ -411,7 +413,8 @@ def test_a_peer_that_cannot_run_a_configuration_is_recorded_with_the_reason(tmp_
                                                              "unsupported": True}
     assert bench.skipped("search", "verl", deadline, args) is None and bench.skipped("learning", "trl", deadline, args) is None
     assert "budget" in bench.skipped("search", "ours", 0.0, args)["skipped"]
-    results = {"search": {"ours": {"median": {"step_s": 8.0}}, "verl": {"median": {"step_s": 16.0}},
+    results = {"search": {"ours": {"median": {"step_s": 8.0}, "enough_steps": True},
+                          "verl": {"median": {"step_s": 16.0}, "enough_steps": True},
                           "trl": bench.skipped("search", "trl", deadline, args)}}
     body = bench.report(results, args)
     assert body["ratio_step_vs_verl"] == {"search": 2.0} and body["ratio_step_vs_trl"] == {}
@@ -486,7 +489,7 @@ def test_a_variant_of_ours_runs_beside_ours_with_its_overrides_and_is_compared_w
     config = parse_config(cmd[cmd.index("+recipe=search_r1_grpo"):])
     assert config.actor_rollout_ref.actor.ppo_max_token_len_per_gpu == 32768
     # the report: the variant against plain ours and each peer, as the top-level ratios compare ours
-    run = lambda step_s, peak: {"median": {"step_s": step_s}, "peak_gpu_memory_gib": peak}  # noqa: E731
+    run = lambda step_s, peak: {"median": {"step_s": step_s}, "peak_gpu_memory_gib": peak, "enough_steps": True}  # noqa: E731
     results = {"learning": {"ours": run(4.0, 100.0), "ours-mb32k": {**run(5.0, 80.0), "overrides": [mb32k]},
                             "trl": run(10.0, 88.0)}}
     body = bench.report(results, args)

@@ -26,8 +26,11 @@ def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
         "learning": {"ours": hold_run(3.0, 90.0), "trl": hold_run(9.0, 95.0, enough=False)}}}
     b = {"meta": {"commit": "b", "gpu": {"name": "NVIDIA H100 80GB HBM3"}}, "goal": "g",
          "ratio_absent": {"search": {"trl": "why"}}, "results": {
-        "qwen1.5b": {"ours": hold_run(160.0, 100.0), "trl": hold_run(320.0, 110.0)}},
-         "variants": {"ours-mb32k": {"qwen1.5b": {"overrides": ["k=1"], "memory_vs_trl": 0.7}}}}
+        "qwen1.5b": {"ours": hold_run(160.0, 100.0), "trl": hold_run(320.0, 110.0),
+                     "ours-mb32k": {**hold_run(200.0, 77.0), "overrides": ["k=1"]},
+                     "ours-cut": {**hold_run(0.0, 60.0, enough=False), "overrides": ["k=2"]}}},
+         # the hold's own block as an older driver wrote it, with a variant cut before its steps
+         "variants": {"ours-cut": {"qwen1.5b": {"overrides": ["k=2"], "memory_vs_trl": 0.545}}}}
     paths = []
     for name, hold in (("hold_a.json", a), ("hold_b.json", b)):
         paths.append(tmp_path / name)
@@ -48,9 +51,10 @@ def test_merged_holds_take_each_ratio_from_one_hold(tmp_path, capsys):
     assert merged["pairs"]["verl"]["qwen1.5b"]["gpu"] is None
     assert "learning" not in merged["ratio_step_vs_trl"]  # TRL's run there had too few steps
     assert merged["ratio_absent"] == {"search": {"trl": "why"}}
-    # a variant of ours keeps the comparison its own hold made
-    assert merged["variants"] == {"ours-mb32k": {"qwen1.5b": {"hold": "hold_b.json", "overrides": ["k=1"],
-                                                               "memory_vs_trl": 0.7}}}
+    # a variant of ours is compared within its own hold; one cut before its steps is left out
+    assert merged["variants"] == {"ours-mb32k": {"qwen1.5b": {
+        "hold": "hold_b.json", "overrides": ["k=1"], "step_vs_ours": 0.8, "memory_vs_ours": 0.77,
+        "step_vs_trl": 1.6, "memory_vs_trl": 0.7}}}
     assert merged["holds"] == [{"file": "hold_a.json", "meta": a["meta"]},
                                {"file": "hold_b.json", "meta": b["meta"]}]
     bad = tmp_path / "bad.json"
